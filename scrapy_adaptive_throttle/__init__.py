@@ -1,0 +1,48 @@
+"""Per-scope throttling for Scrapy: concurrency, delay, backoff, rampup,
+quotas, robots.txt Crawl-delay, and a concurrency limit that adapts to each
+host's latency."""
+
+from ._addon import Addon
+from ._manager import ThrottlingManager
+from ._pqueue import ThrottlingAwarePriorityQueue
+from ._scope_manager import ThrottlingScopeManager
+from ._types import (
+    BackoffConfig,
+    BackoffData,
+    BackoffScopeData,
+    RampupConfig,
+    RequestScopes,
+    ScopeID,
+    ThrottlingManagerProtocol,
+    ThrottlingScopeConfig,
+    ThrottlingScopeManagerProtocol,
+    add_scope,
+    iter_scope_values,
+    iter_scopes,
+    scope_cache,
+    update_scope_backoff,
+)
+from ._wiring import ThrottlingDownloader, ThrottlingDownloaderMiddleware
+
+__all__ = [
+    "Addon",
+    "BackoffConfig",
+    "BackoffData",
+    "BackoffScopeData",
+    "RampupConfig",
+    "RequestScopes",
+    "ScopeID",
+    "ThrottlingAwarePriorityQueue",
+    "ThrottlingDownloader",
+    "ThrottlingDownloaderMiddleware",
+    "ThrottlingManager",
+    "ThrottlingManagerProtocol",
+    "ThrottlingScopeConfig",
+    "ThrottlingScopeManager",
+    "ThrottlingScopeManagerProtocol",
+    "add_scope",
+    "iter_scope_values",
+    "iter_scopes",
+    "scope_cache",
+    "update_scope_backoff",
+]

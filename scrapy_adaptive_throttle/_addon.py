@@ -1,0 +1,82 @@
+"""The add-on that configures everything: ``ADDONS = {"scrapy_adaptive_throttle.Addon": 500}``."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.misc import load_object
+
+from ._settings import DEFAULTS
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
+
+logger = logging.getLogger(__name__)
+
+_DOWNLOADER = "scrapy_adaptive_throttle.ThrottlingDownloader"
+_PRIORITY_QUEUE = "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
+_MIDDLEWARE = "scrapy_adaptive_throttle.ThrottlingDownloaderMiddleware"
+#: After HttpCacheMiddleware (900): cache hits never wait nor back off, and
+#: the raw response is seen before RetryMiddleware (550) retries it.
+MIDDLEWARE_PRIORITY = 950
+_AUTOTHROTTLE = "scrapy.extensions.throttle.AutoThrottle"
+_SCRAPY_DOWNLOADER = "scrapy.core.downloader.Downloader"
+_SCRAPY_PRIORITY_QUEUES = {
+    "scrapy.pqueues.DownloaderAwarePriorityQueue",
+    "scrapy.pqueues.ScrapyPriorityQueue",
+}
+
+
+class Addon:
+    """Enable per-scope throttling in a Scrapy project.
+
+    It registers the defaults of every setting of the plugin, installs
+    :class:`~scrapy_adaptive_throttle.ThrottlingDownloader`, the
+    throttling-aware priority queue and the throttling downloader middleware,
+    and switches off AutoThrottle (which would throttle a second time).
+    """
+
+    def update_settings(self, settings: BaseSettings) -> None:
+        for name, value in DEFAULTS.items():
+            settings.setdefault(name, value, priority="default")
+        self._set_component(settings, "DOWNLOADER", _DOWNLOADER, {_SCRAPY_DOWNLOADER})
+        self._set_component(
+            settings, "SCHEDULER_PRIORITY_QUEUE", _PRIORITY_QUEUE, _SCRAPY_PRIORITY_QUEUES
+        )
+        settings.set_in_component_priority_dict(
+            "DOWNLOADER_MIDDLEWARES", load_object(_MIDDLEWARE), MIDDLEWARE_PRIORITY
+        )
+        if settings.getbool("AUTOTHROTTLE_ENABLED"):
+            warnings.warn(
+                "AUTOTHROTTLE_ENABLED is ignored: scrapy-adaptive-throttle throttles "
+                "every scope itself, and its LatencyScopeManager adapts concurrency "
+                "to each host's latency. Remove the AUTOTHROTTLE_* settings.",
+                UserWarning,
+                stacklevel=2,
+            )
+        settings.set_in_component_priority_dict(
+            "EXTENSIONS", load_object(_AUTOTHROTTLE), None
+        )
+
+    @staticmethod
+    def _set_component(
+        settings: BaseSettings, name: str, ours: str, replaceable: set[str]
+    ) -> None:
+        current: Any = settings.get(name)
+        current_path = current if isinstance(current, str) else (
+            f"{current.__module__}.{current.__qualname__}" if isinstance(current, type) else ""
+        )
+        if current_path in replaceable or current_path == ours:
+            settings.set(name, ours, priority="addon")
+            return
+        if name == "SCHEDULER_PRIORITY_QUEUE":
+            logger.warning(
+                "%s is %r, not the throttling-aware priority queue: throttled "
+                "requests will wait in the downloader and may hold back others.",
+                name,
+                current,
+            )
+            return
+        # A custom DOWNLOADER must subclass ours; the middleware checks it.

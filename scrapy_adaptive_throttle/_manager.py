@@ -1,0 +1,718 @@
+"""The throttling manager: requests → scopes → scope managers.
+
+It owns the scope managers (creation, LRU and idle eviction), gates requests
+that do not come through the throttling-aware scheduler, turns responses and
+download exceptions into backoff, and merges robots.txt Crawl-delay.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import IgnoreRequest, ScrapyDeprecationWarning
+from scrapy.resolver import dnscache
+from scrapy.utils.asyncio import call_later, sleep
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet.defer import Deferred
+
+from ._algorithms import (
+    parse_ratelimit,
+    parse_ratelimit_reset,
+    parse_retry_after,
+)
+from ._settings import ThrottlingSettings
+from ._types import (
+    RESOLVED_SCOPES_META_KEY,
+    BackoffData,
+    RequestScopes,
+    ScopeID,
+    iter_scope_values,
+    iter_scopes,
+    scope_cache,
+)
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: Meta key of the ``download_slot`` value stamped by the downloader, so that a
+#: retried or redirected copy is not mistaken for a user-set slot.
+SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
+DELAYED_META_KEY = "_throttling_delayed"
+DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
+
+#: The longest a gate waiter sleeps before checking whether the crawl closes.
+_CLOSE_CHECK_INTERVAL = 1.0
+
+ScopeValues = list[tuple[ScopeID, "float | None"]]
+Reservation = list[tuple[ScopeID, Any]]
+
+
+def is_robots_request(request: Request) -> bool:
+    """Whether *request* is RobotsTxtMiddleware's own robots.txt download.
+
+    Those are never throttled: the request that triggered the download may
+    hold the scope's only slot while it waits for robots.txt (a deadlock),
+    and there is one per host and crawl.
+    """
+    return bool(request.meta.get("dont_obey_robotstxt")) and (
+        urlparse_cached(request).path == "/robots.txt"
+    )
+
+
+class ThrottlingManager:
+    """The default :setting:`THROTTLING_MANAGER`, reachable as ``crawler.throttler``.
+
+    Subclass it to change how scopes are assigned (:meth:`get_scopes` or
+    the synchronous :meth:`get_request_scopes`) or how backoff is derived
+    (:meth:`get_response_backoff`, :meth:`get_exception_backoff`).
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.config: ThrottlingSettings = ThrottlingSettings.from_crawler(crawler)
+        self.clock: Callable[[], float] = time.monotonic
+        self._scope_managers: OrderedDict[ScopeID, Any] = OrderedDict()
+        self._reserved: dict[Request, Reservation] = {}
+        self._release_listeners: list[Callable[[ScopeID], None]] = []
+        self._crawl_delays: dict[ScopeID, float] = {}
+        self._warned_robots: set[ScopeID] = set()
+        self._last_eviction = self.clock()
+        self._gate_waiting = 0
+        self._warned_waiting = False
+        self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
+        self._stats = crawler.stats
+        if self.config.robotstxt_obey:
+            crawler.signals.connect(self._on_robots_parsed, signal=signals.robots_parsed)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    # -- scopes -------------------------------------------------------------
+
+    def get_request_scopes(self, request: Request) -> RequestScopes:
+        """Return the scopes of *request*, synchronously.
+
+        ``throttling_scopes`` meta if set; else a ``download_slot`` set by the
+        user (deprecated); else the URL's ``host[:port]``, plus the IP of the
+        host as a second scope when :setting:`CONCURRENT_REQUESTS_PER_IP` is
+        positive and the DNS cache knows it.
+        """
+        meta = request.meta
+        scopes = meta.get("throttling_scopes")
+        if scopes is not None:
+            return scopes  # type: ignore[no-any-return]
+        slot = meta.get("download_slot")
+        if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
+            warnings.warn(
+                "The 'download_slot' request meta key is deprecated with "
+                "scrapy-adaptive-throttle. Use 'throttling_scopes' instead.",
+                ScrapyDeprecationWarning,
+                stacklevel=2,
+            )
+            return str(slot)
+        parsed = urlparse_cached(request)
+        netloc = parsed.netloc.rpartition("@")[2].lower()
+        if self.config.ip_concurrency > 0:
+            ip = dnscache.get(parsed.hostname or "")
+            if isinstance(ip, str) and ip != netloc and ip != parsed.hostname:
+                return [netloc, ip]
+        return netloc
+
+    @scope_cache
+    async def get_scopes(self, request: Request) -> RequestScopes:
+        """Return the scopes of *request* (see :meth:`get_request_scopes`)."""
+        return self.get_request_scopes(request)
+
+    def resolve_scopes_now(self, request: Request) -> RequestScopes | Deferred[RequestScopes]:
+        """Resolve and persist the scopes of *request* without waiting.
+
+        Returns the scopes, or a Deferred when :meth:`get_scopes` really
+        awaits something (e.g. a DNS lookup); used by the scheduler queue,
+        whose ``push`` is synchronous.
+        """
+        if self._sync_get_scopes:
+            scopes = self.get_request_scopes(request)
+            if scopes is not None and not isinstance(scopes, (str, dict)):
+                scopes = list(scopes)
+            request.meta[RESOLVED_SCOPES_META_KEY] = scopes
+            return scopes
+        coroutine = self.get_scopes(request)
+        try:
+            coroutine.send(None)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        # It suspended on a real await: resolve again, asynchronously.
+        coroutine.close()
+        from scrapy.utils.defer import deferred_from_coro  # noqa: PLC0415
+
+        return deferred_from_coro(self.get_scopes(request))
+
+    def _sent_scope_values(self, request: Request) -> ScopeValues:
+        reservation = self._reserved.get(request)
+        if reservation:
+            amounts = dict(iter_scope_values(request.meta.get(RESOLVED_SCOPES_META_KEY)))
+            return [(scope, amounts.get(scope)) for scope, _ in reservation]
+        if RESOLVED_SCOPES_META_KEY in request.meta:
+            return list(iter_scope_values(request.meta[RESOLVED_SCOPES_META_KEY]))
+        return list(iter_scope_values(self.get_request_scopes(request)))
+
+    def get_slot_key(self, request: Request) -> str:
+        """The scopes of *request* as one string (sorted ids joined by ``+``)."""
+        scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)
+        if scopes is None:
+            scopes = self.get_request_scopes(request)
+        if isinstance(scopes, str):
+            return scopes
+        return "+".join(sorted(iter_scopes(scopes)))
+
+    # -- scope managers --------------------------------------------------------
+
+    def get_scope_manager(self, scope_id: ScopeID) -> Any:
+        """Return the scope manager of *scope_id*, creating it if needed."""
+        managers = self._scope_managers
+        manager = managers.get(scope_id)
+        if manager is not None:
+            managers.move_to_end(scope_id)
+            return manager
+        return self._create_scope_manager(scope_id)
+
+    def _create_scope_manager(self, scope_id: ScopeID) -> Any:
+        scope_config = self.config.scope(scope_id)
+        cls = scope_config.manager or self.config.scope_manager_cls
+        config = dict(scope_config.raw)
+        config["id"] = scope_id
+        if hasattr(cls, "from_crawler"):
+            manager = cls.from_crawler(self.crawler, config)
+        else:
+            manager = cls(self.crawler, config)
+        self._scope_managers[scope_id] = manager
+        crawl_delay = self._crawl_delays.get(scope_id)
+        if crawl_delay is not None:
+            self._apply_crawl_delay(scope_id, manager, crawl_delay)
+        self._enforce_scope_limit(scope_id)
+        return manager
+
+    def _enforce_scope_limit(self, keep: ScopeID) -> None:
+        limit = self.config.scope_limit
+        managers = self._scope_managers
+        if not limit or len(managers) <= limit:
+            return
+        now = self.clock()
+        # Busy scopes are never evicted; they move to the back so that the
+        # next look starts with idle ones, and a bounded number of looks
+        # keeps creation O(1) even when many scopes are busy.
+        for _ in range(min(len(managers), 16)):
+            if len(managers) <= limit:
+                return
+            scope_id, manager = managers.popitem(last=False)
+            if scope_id != keep and _is_idle(manager, now, 0.0):
+                continue
+            managers[scope_id] = manager
+
+    def _maybe_evict(self, now: float) -> None:
+        max_idle = self.config.scope_max_idle
+        if max_idle <= 0 or now - self._last_eviction < max_idle / 2:
+            return
+        self._last_eviction = now
+        idle = [
+            scope_id
+            for scope_id, manager in self._scope_managers.items()
+            if _is_idle(manager, now, max_idle)
+        ]
+        for scope_id in idle:
+            del self._scope_managers[scope_id]
+
+    def add_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
+        """Call *listener* with the scope id whenever a slot of it is freed."""
+        self._release_listeners.append(listener)
+
+    def remove_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
+        """Stop calling *listener*."""
+        if listener in self._release_listeners:
+            self._release_listeners.remove(listener)
+
+    # -- readiness -------------------------------------------------------------
+
+    def check_scopes(self, scope_values: ScopeValues, now: float) -> tuple[float, ScopeID | None]:
+        """Return ``(wait, blocked)`` for a request with these scopes.
+
+        *wait* is the time until every time gate is open; *blocked* the first
+        scope at its concurrency limit, or ``None``.
+        """
+        wait = 0.0
+        blocked: ScopeID | None = None
+        for scope_id, amount in scope_values:
+            manager = self.get_scope_manager(scope_id)
+            scope_wait = manager.can_send(now, amount)
+            if scope_wait > wait:
+                wait = scope_wait
+            if blocked is None and _concurrency_blocked(manager):
+                blocked = scope_id
+        return wait, blocked
+
+    def reserve_scopes(self, request: Request, scope_values: ScopeValues, now: float) -> None:
+        """Record *request* as sent on each of its scopes."""
+        reservation: Reservation = []
+        for scope_id, amount in scope_values:
+            manager = self.get_scope_manager(scope_id)
+            manager.record_sent(now, amount)
+            reservation.append((scope_id, manager))
+        self._reserved[request] = reservation
+
+    def is_reserved(self, request: Request) -> bool:
+        """Whether *request* holds a reservation (sent, not yet released)."""
+        return request in self._reserved
+
+    def is_ready(self, request: Request) -> bool:
+        """Whether *request* could be sent right now."""
+        if self.get_request_delay(request) > 0:
+            return False
+        wait, blocked = self.check_scopes(self._sent_scope_values(request), self.clock())
+        return wait <= 0 and blocked is None
+
+    def reserve(self, request: Request) -> None:
+        """Record *request* as sent; a later :meth:`acquire` returns at once."""
+        now = self.clock()
+        self._maybe_evict(now)
+        self.reserve_scopes(request, self._sent_scope_values(request), now)
+
+    def get_time_until_ready(self, request: Request) -> float | None:
+        """Seconds until every time gate of *request* opens; ``None`` if open."""
+        now = self.clock()
+        wait, _ = self.check_scopes(self._sent_scope_values(request), now)
+        wait = max(wait, self.get_request_delay(request))
+        return wait or None
+
+    def get_scope_load(self, scope_id: ScopeID) -> float:
+        """Active requests of the scope divided by its concurrency limit."""
+        manager = self.get_scope_manager(scope_id)
+        get_load = getattr(manager, "get_load", None)
+        return float(get_load()) if get_load is not None else 0.0
+
+    def get_request_delay(self, request: Request, now: float | None = None) -> float:
+        """Remaining ``throttling_delay`` of *request* (0.0 if none or elapsed).
+
+        The deadline is set the first time this is called for the request,
+        in wall-clock time so that it survives a paused and resumed crawl.
+        """
+        meta = request.meta
+        delay = meta.get("throttling_delay")
+        if not delay or meta.get(DELAYED_META_KEY):
+            return 0.0
+        wall = time.time()
+        deadline = meta.get(DELAY_DEADLINE_META_KEY)
+        if deadline is None:
+            try:
+                seconds = float(delay)
+            except (TypeError, ValueError):
+                logger.warning("Ignoring invalid throttling_delay %r of %s", delay, request)
+                meta[DELAYED_META_KEY] = True
+                return 0.0
+            if not math.isfinite(seconds) or seconds <= 0:
+                meta[DELAYED_META_KEY] = True
+                return 0.0
+            deadline = wall + seconds
+            meta[DELAY_DEADLINE_META_KEY] = deadline
+            if self.config.debug:
+                logger.debug("Holding %s for %.2fs (throttling_delay)", request, seconds)
+        remaining = float(deadline) - wall
+        if remaining <= 0:
+            meta[DELAYED_META_KEY] = True
+            return 0.0
+        return remaining
+
+    # -- the gate -------------------------------------------------------------
+
+    async def acquire(self, request: Request) -> None:
+        """Wait until every scope of *request* allows it, then reserve it.
+
+        Requests reserved by the throttling-aware scheduler queue return at
+        once; robots.txt downloads are never held (see :func:`is_robots_request`).
+        """
+        if request in self._reserved:
+            return
+        if is_robots_request(request):
+            self._reserved[request] = []
+            return
+        self._gate_waiting += 1
+        try:
+            await self._acquire(request)
+        finally:
+            self._gate_waiting -= 1
+
+    async def _acquire(self, request: Request) -> None:
+        while (delay := self.get_request_delay(request)) > 0:
+            self._raise_if_closing(request)
+            await sleep(min(delay, _CLOSE_CHECK_INTERVAL))
+        scope_values = list(iter_scope_values(await self.get_scopes(request)))
+        woken = False
+        waited = False
+        while True:
+            now = self.clock()
+            self._maybe_evict(now)
+            wait, blocked = self.check_scopes(scope_values, now)
+            if wait <= 0 and blocked is None:
+                self.reserve_scopes(request, scope_values, now)
+                return
+            if woken:
+                # We were handed a freed slot we cannot use: pass it on.
+                self._pass_on_wakeups(scope_values)
+                woken = False
+            self._raise_if_closing(request)
+            if not waited:
+                waited = True
+                self._inc_stat("throttling/gate/wait_count")
+                self._maybe_warn_waiting()
+            if wait > 0:
+                if self.config.debug:
+                    logger.debug(
+                        "Throttling %s for %.2fs (scopes: %s)",
+                        request,
+                        wait,
+                        [scope for scope, _ in scope_values],
+                    )
+                await sleep(min(wait, _CLOSE_CHECK_INTERVAL))
+                continue
+            if self.config.debug:
+                logger.debug(
+                    "Throttling %s until a slot of scope %s frees up", request, blocked
+                )
+            assert blocked is not None
+            woken = await self._wait_for_slot(self.get_scope_manager(blocked))
+
+    async def _wait_for_slot(self, manager: Any) -> bool:
+        slot_event = getattr(manager, "slot_event", None)
+        if slot_event is None:
+            await sleep(0.05)
+            return False
+        done: Deferred[bool] = Deferred()
+        event: Deferred[None] = slot_event()
+        event.addCallback(lambda _: done.called or done.callback(True))
+        timer = call_later(
+            _CLOSE_CHECK_INTERVAL, lambda: done.called or done.callback(False)
+        )
+        try:
+            return await maybe_deferred_to_future(done)
+        finally:
+            timer.cancel()
+            if not event.called:
+                discard = getattr(manager, "discard_slot_event", None)
+                if discard is not None:
+                    discard(event)
+
+    def _pass_on_wakeups(self, scope_values: ScopeValues) -> None:
+        for scope_id, _ in scope_values:
+            manager = self.get_scope_manager(scope_id)
+            wake = getattr(manager, "wake_waiter", None)
+            if wake is not None and not _concurrency_blocked(manager):
+                wake()
+
+    def _raise_if_closing(self, request: Request) -> None:
+        engine = getattr(self.crawler, "engine", None)
+        slot = getattr(engine, "_slot", None)
+        if engine is None or not engine.running or slot is None or slot.closing:
+            raise IgnoreRequest(f"Throttled request dropped: the spider is closing: {request}")
+
+    def _maybe_warn_waiting(self) -> None:
+        threshold = self.config.warn_threshold
+        if self._warned_waiting or self._gate_waiting < threshold:
+            return
+        self._warned_waiting = True
+        logger.warning(
+            "There are %d requests held back by throttling outside the scheduler "
+            "(e.g. sent with engine.download()). See DELAYED_REQUESTS_WARN_THRESHOLD.",
+            self._gate_waiting,
+        )
+
+    def release(self, request: Request) -> None:
+        """Free the slots reserved for *request*. Idempotent."""
+        reservation = self._reserved.pop(request, None)
+        if not reservation:
+            return
+        now = self.clock()
+        listeners = self._release_listeners
+        for scope_id, manager in reservation:
+            manager.record_done(now)
+            for listener in listeners:
+                listener(scope_id)
+
+    def notify_slots_changed(self, scope_id: ScopeID) -> None:
+        """Tell waiters that *scope_id* may have room (e.g. a raised limit)."""
+        for listener in self._release_listeners:
+            listener(scope_id)
+
+    # -- backoff ----------------------------------------------------------------
+
+    async def get_initial_backoff(self) -> BackoffData:
+        """Backoff data applied once, before the first request (default: none)."""
+        return None
+
+    def get_response_delay(self, response: Response) -> float | None:
+        """The delay a response asks for, in seconds, or ``None``.
+
+        The largest of ``Retry-After`` (seconds or HTTP date),
+        ``RateLimit-Reset`` (seconds), and the reset time of an exhausted
+        policy in the IETF ``RateLimit`` header. Malformed values are ignored.
+        """
+        headers = response.headers
+        delays = [
+            parse_retry_after(headers.get(b"Retry-After"), time.time()),
+            parse_ratelimit_reset(headers.get(b"RateLimit-Reset")),
+            parse_ratelimit(headers.get(b"RateLimit"), headers.get(b"RateLimit-Policy")),
+        ]
+        valid = [delay for delay in delays if delay is not None]
+        return max(valid) if valid else None
+
+    async def get_response_backoff(self, response: Response) -> BackoffData:
+        """Backoff for *response*: its scopes whose backoff codes include its status.
+
+        With a server-given delay (see :meth:`get_response_delay`) the result
+        is ``{scope: {"delay": seconds}}``, else the bare scopes.
+        """
+        request = response.request
+        if request is None or request.meta.get("throttling_dont_track"):
+            return None
+        status = response.status
+        scopes = [
+            scope
+            for scope, _ in self._sent_scope_values(request)
+            if status in self.config.scope(scope).http_codes
+        ]
+        if not scopes:
+            return None
+        delay = self.get_response_delay(response)
+        if delay:
+            return {scope: {"delay": delay} for scope in scopes}
+        return scopes
+
+    async def get_exception_backoff(
+        self, request: Request, exception: BaseException
+    ) -> BackoffData:
+        """Backoff for a download exception: the scopes that list its type."""
+        if request.meta.get("throttling_dont_track"):
+            return None
+        scopes = [
+            scope
+            for scope, _ in self._sent_scope_values(request)
+            if isinstance(exception, self.config.scope(scope).exceptions)
+        ]
+        return scopes or None
+
+    async def process_response(self, response: Response) -> None:
+        """Update throttling state from a (non-cached) response."""
+        request = response.request
+        now = self.clock()
+        backoff = await self.get_response_backoff(response)
+        self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
+        if request is None or request.meta.get("throttling_dont_track"):
+            return
+        latency = request.meta.get("download_latency")
+        reservation = self._reserved.get(request)
+        if not reservation:
+            return
+        for _, manager in reservation:
+            record = getattr(manager, "record_response", None)
+            if record is not None:
+                record(latency, response.status, now)
+
+    async def process_exception(self, request: Request, exception: BaseException) -> None:
+        """Update throttling state from a download exception."""
+        backoff = await self.get_exception_backoff(request, exception)
+        self.apply_backoff(
+            backoff, now=self.clock(), cause=f"exception/{type(exception).__name__}"
+        )
+
+    def apply_backoff(
+        self, backoff: BackoffData, *, now: float | None = None, cause: str = "other"
+    ) -> None:
+        """Apply backoff data as returned by the backoff hooks."""
+        if backoff is None:
+            return
+        if now is None:
+            now = self.clock()
+        items: Iterable[tuple[ScopeID, Any]]
+        if isinstance(backoff, dict):
+            items = backoff.items()
+        else:
+            items = ((scope, None) for scope in iter_scopes(backoff))
+        for scope_id, entry in items:
+            manager = self.get_scope_manager(scope_id)
+            delay = None
+            if isinstance(entry, dict):
+                consumed = entry.get("consumed")
+                remaining = entry.get("remaining")
+                if consumed is not None or remaining is not None:
+                    reconcile = getattr(manager, "reconcile_quota", None)
+                    if reconcile is not None:
+                        reconcile(consumed=consumed, remaining=remaining, now=now)
+                    if "delay" not in entry:
+                        continue
+                delay = _valid_delay(entry.get("delay"))
+            if self.config.debug:
+                logger.debug("Backoff for scope %s (delay: %s, cause: %s)", scope_id, delay, cause)
+            manager.record_backoff(delay=delay, now=now)
+            self._inc_stat("throttling/backoff/count")
+            self._inc_stat(f"throttling/backoff/{cause}_count")
+            if delay is not None:
+                self._inc_stat("throttling/backoff/server_delay_count")
+
+    def delay_scope(self, scope_id: ScopeID, delay: float) -> None:
+        """Hold back every request of *scope_id* for at least *delay* seconds.
+
+        Counted as a backoff trigger, and trusted: not capped at
+        :setting:`BACKOFF_MAX_DELAY`.
+        """
+        seconds = float(delay)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"Invalid delay for scope {scope_id!r}: {delay!r}")
+        if self.config.debug:
+            logger.debug("Delaying scope %s for %.2fs", scope_id, seconds)
+        manager = self.get_scope_manager(scope_id)
+        try:
+            manager.record_backoff(delay=seconds, now=self.clock(), cap=False)
+        except TypeError:  # a custom scope manager without the cap argument
+            manager.record_backoff(delay=seconds, now=self.clock())
+        self._inc_stat("throttling/backoff/count")
+        self._inc_stat("throttling/backoff/delay_scope_count")
+
+    def get_scope_delay(self, scope_id: ScopeID) -> float:
+        """The base (non-backoff) delay of *scope_id*."""
+        getter = getattr(self.get_scope_manager(scope_id), "get_base_delay", None)
+        return float(getter()) if getter is not None else 0.0
+
+    def set_scope_delay(self, scope_id: ScopeID, delay: float) -> None:
+        """Set the base delay of *scope_id*, up or down (not a backoff trigger)."""
+        manager = self.get_scope_manager(scope_id)
+        try:
+            manager.set_base_delay(float(delay), only_increase=False)
+        except TypeError:
+            manager.set_base_delay(float(delay))
+
+    def get_scope_state(self, scope_id: ScopeID) -> dict[str, Any]:
+        """A snapshot of the state of *scope_id* (created if unknown)."""
+        manager = self.get_scope_manager(scope_id)
+        getter = getattr(manager, "get_state", None)
+        if getter is not None:
+            return dict(getter(self.clock()))
+        return {"scope": scope_id, "manager": type(manager).__name__}
+
+    def iter_scope_states(self) -> Iterable[dict[str, Any]]:
+        """Snapshots of every live scope."""
+        now = self.clock()
+        for scope_id, manager in list(self._scope_managers.items()):
+            getter = getattr(manager, "get_state", None)
+            if getter is not None:
+                yield dict(getter(now))
+            else:
+                yield {"scope": scope_id, "manager": type(manager).__name__}
+
+    # -- robots.txt ---------------------------------------------------------------
+
+    def _on_robots_parsed(self, robotparser: Any, request: Request) -> None:
+        try:
+            delay = robotparser.crawl_delay(self.config.user_agent)
+        except Exception:  # a third-party parser must never break the crawl
+            logger.debug("Could not read Crawl-delay from %r", robotparser, exc_info=True)
+            return
+        if delay is None:
+            return
+        try:
+            seconds = float(delay)
+        except (TypeError, ValueError):
+            return
+        if not math.isfinite(seconds) or seconds <= 0:
+            return
+        self.apply_robots_crawl_delay(urlparse_cached(request).netloc.rpartition("@")[2].lower(), seconds)
+
+    def apply_robots_crawl_delay(self, scope_id: ScopeID, delay: float) -> None:
+        """Apply a robots.txt Crawl-delay to *scope_id*: that delay (capped at
+        :setting:`THROTTLING_ROBOTSTXT_MAX_DELAY`) and a concurrency of 1,
+        except where :setting:`THROTTLING_SCOPES` configures the scope more
+        aggressively (then the configuration wins, with one warning)."""
+        if not self.config.robotstxt_obey:
+            return
+        capped = min(delay, self.config.robotstxt_max_delay)
+        self._crawl_delays[scope_id] = capped
+        self._inc_stat("throttling/robotstxt/crawl_delay_count")
+        self._apply_crawl_delay(scope_id, self.get_scope_manager(scope_id), capped, warn=True)
+
+    def _apply_crawl_delay(
+        self, scope_id: ScopeID, manager: Any, delay: float, *, warn: bool = False
+    ) -> None:
+        configured = self.config.scopes.get(scope_id)
+        keep_delay = keep_concurrency = False
+        if configured is not None:
+            conflicts = []
+            if configured.explicit_delay and configured.delay < delay:
+                keep_delay = True
+                conflicts.append(f"delay={configured.delay!r} < Crawl-delay {delay}")
+            if configured.explicit_concurrency and (configured.concurrency or 0) != 1:
+                keep_concurrency = True
+                conflicts.append(f"concurrency={configured.concurrency!r} > 1")
+            if configured.ignore_robots_txt:
+                return
+            if conflicts and warn and scope_id not in self._warned_robots:
+                self._warned_robots.add(scope_id)
+                logger.warning(
+                    "THROTTLING_SCOPES[%r] is more aggressive than the robots.txt "
+                    "Crawl-delay of %ss (%s); the configured values are used. Set "
+                    "'ignore_robots_txt': True in that entry to silence this warning.",
+                    scope_id,
+                    delay,
+                    " and ".join(conflicts),
+                )
+        if self.config.debug:
+            logger.debug("robots.txt Crawl-delay for scope %s: %ss", scope_id, delay)
+        if not keep_delay:
+            setter = getattr(manager, "set_base_delay", None)
+            if setter is not None:
+                setter(delay)
+        if not keep_concurrency:
+            setter = getattr(manager, "set_concurrency", None)
+            if setter is not None:
+                setter(1)
+
+    # -- misc -------------------------------------------------------------------
+
+    def _inc_stat(self, key: str) -> None:
+        if self._stats is not None:
+            self._stats.inc_value(key)
+
+
+def _valid_delay(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        delay = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(delay) or delay < 0:
+        return None
+    return delay
+
+
+def _concurrency_blocked(manager: Any) -> bool:
+    blocked = getattr(manager, "concurrency_blocked", None)
+    return bool(blocked()) if blocked is not None else False
+
+
+def _is_idle(manager: Any, now: float, max_idle: float) -> bool:
+    is_idle = getattr(manager, "is_idle", None)
+    if is_idle is not None:
+        return bool(is_idle(now, max_idle))
+    return not getattr(manager, "active", 0)
+

@@ -1,0 +1,431 @@
+"""A scheduler priority queue that only hands out requests their scopes allow.
+
+Requests wait in the scheduler, not in the downloader, so a throttled scope
+never occupies a slot of :setting:`CONCURRENT_REQUESTS` (no head-of-line
+blocking), and the engine is woken by a timer when a time gate opens.
+
+Cost per request does not grow with the number of scopes: each scope set
+(the set of scopes of a request) has its own queue, and a queue is in
+exactly one of three places: a heap of queues that may be sendable
+(ordered by priority, then round-robin), a heap of queues waiting for a
+time gate (ordered by when it opens), or the waiting list of the scope
+whose concurrency blocks it, from which one queue is woken per freed slot.
+A dequeue looks at a queue only when something that could unblock it
+happened, never scans every scope.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import pickle
+import time
+from collections import deque
+from contextlib import suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
+from scrapy.utils.asyncio import call_later
+
+from ._manager import DELAYED_META_KEY
+from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope_values
+from ._wiring import get_throttler
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+    from scrapy.utils.asyncio import CallLaterResult
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+_READY, _TIMED, _BLOCKED = 0, 1, 2
+_SEPARATOR = "\n"
+
+
+class _ScopeSetQueue(ScrapyPriorityQueue):
+    """The requests of one scope set, by priority then FIFO."""
+
+    def peek(self) -> Request | None:
+        # Same preference as pop() (regular queue first at equal priority);
+        # ScrapyPriorityQueue.peek prefers the start queue and can disagree.
+        if self.curprio is None:
+            return None
+        queue = self.queues.get(self.curprio) or self._start_queues.get(self.curprio)
+        return queue.peek() if queue is not None else None  # type: ignore[attr-defined]
+
+
+class _Entry:
+    __slots__ = ("key", "needs_head", "queue", "scopes", "seq", "state")
+
+    def __init__(self, key: str, scopes: list[ScopeID], queue: _ScopeSetQueue, needs_head: bool):
+        self.key = key
+        self.scopes = scopes
+        self.queue = queue
+        self.needs_head = needs_head
+        self.state = _READY
+        self.seq = 0
+
+
+def _scope_list(scopes: RequestScopes) -> list[ScopeID]:
+    if scopes is None:
+        return []
+    if isinstance(scopes, str):
+        return [scopes]
+    return sorted(set(scopes.keys() if isinstance(scopes, dict) else scopes))
+
+
+class ThrottlingAwarePriorityQueue:
+    """The default :setting:`SCHEDULER_PRIORITY_QUEUE` with the add-on.
+
+    Works with Scrapy's stock scheduler: scopes are resolved when a request
+    is pushed (asynchronously only if :meth:`get_scopes` really awaits), and
+    :meth:`pop` returns only a request that every one of its scopes allows
+    now, reserving it; ``None`` means nothing is sendable yet, and a timer
+    wakes the engine when the earliest time gate opens.
+    """
+
+    @classmethod
+    def from_crawler(
+        cls,
+        crawler: Crawler,
+        downstream_queue_cls: type[Any],
+        key: str,
+        startprios: dict[str, Iterable[int]] | None = None,
+        *,
+        start_queue_cls: type[Any] | None = None,
+    ) -> Self:
+        return cls(crawler, downstream_queue_cls, key, startprios, start_queue_cls=start_queue_cls)
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        downstream_queue_cls: type[Any],
+        key: str,
+        startprios: dict[str, Iterable[int]] | None = None,
+        *,
+        start_queue_cls: type[Any] | None = None,
+    ) -> None:
+        if startprios and not isinstance(startprios, dict):
+            raise ValueError(
+                f"{type(self).__name__} accepts startprios as a dict; got "
+                f"{type(startprios).__name__}. The job directory was most likely "
+                "written with another SCHEDULER_PRIORITY_QUEUE; only a crawl "
+                "started with the same priority queue class can be resumed."
+            )
+        self.crawler = crawler
+        self.throttler = get_throttler(crawler)
+        self.downstream_queue_cls = downstream_queue_cls
+        self.key = key
+        self._start_queue_cls = start_queue_cls
+        self._clock = time.monotonic
+        self._entries: dict[str, _Entry] = {}
+        self._ready: list[tuple[int, int, str]] = []
+        self._timed: list[tuple[float, int, str]] = []
+        self._blocked: dict[ScopeID, deque[str]] = {}
+        self._delayed: list[tuple[float, int, Request]] = []
+        self._seq = 0
+        self._size = 0
+        self._resolving = 0
+        self._wakeup: CallLaterResult | None = None
+        self._wakeup_at = float("inf")
+        self._check = getattr(self.throttler, "check_scopes", None)
+        self._reserve = getattr(self.throttler, "reserve_scopes", None)
+        self._has_quota = {
+            scope_id for scope_id, config in self.throttler.config.scopes.items() if config.quota
+        } if hasattr(self.throttler, "config") else set()
+        listen = getattr(self.throttler, "add_release_listener", None)
+        if listen is not None:
+            listen(self._on_release)
+        for json_key, prios in (startprios or {}).items():
+            scopes = json.loads(json_key)
+            entry = self._entry(scopes, prios)
+            self._size += len(entry.queue)
+            if len(entry.queue):
+                self._make_ready(entry)
+
+    # -- queue bookkeeping ------------------------------------------------------
+
+    def _entry(self, scopes: list[ScopeID], startprios: Iterable[int] = ()) -> _Entry:
+        key = _SEPARATOR.join(scopes)
+        entry = self._entries.get(key)
+        if entry is None:
+            queue = _ScopeSetQueue(
+                self.crawler,
+                self.downstream_queue_cls,
+                self._subdir(scopes),
+                startprios,
+                start_queue_cls=self._start_queue_cls,
+            )
+            needs_head = any(scope in self._has_quota for scope in scopes)
+            entry = _Entry(key, scopes, queue, needs_head)
+            entry.state = _BLOCKED  # not anywhere yet; _make_ready puts it in the heap
+            self._entries[key] = entry
+        return entry
+
+    def _subdir(self, scopes: list[ScopeID]) -> str:
+        if not self.key:
+            return ""
+        return self.key + "/" + _path_safe(json.dumps(scopes))
+
+    def _make_ready(self, entry: _Entry) -> None:
+        self._seq += 1
+        entry.seq = self._seq
+        entry.state = _READY
+        heapq.heappush(self._ready, (entry.queue.curprio or 0, entry.seq, entry.key))
+
+    def _remove(self, entry: _Entry) -> None:
+        del self._entries[entry.key]
+        entry.queue.close()
+        if self.key:
+            with suppress(OSError):
+                Path(self._subdir(entry.scopes)).rmdir()
+
+    # -- push -----------------------------------------------------------------
+
+    def push(self, request: Request) -> None:
+        """Queue *request* under its scope set (resolving its scopes now)."""
+        delay = self.throttler.get_request_delay(request)
+        if delay > 0:
+            # Held in memory by throttling_delay; flushed to its queue at close.
+            self._seq += 1
+            heapq.heappush(self._delayed, (time.time() + delay, self._seq, request))
+            self._size += 1
+            self._arm_wakeup(self._clock() + delay)
+            return
+        resolved = self.throttler.resolve_scopes_now(request)
+        if not hasattr(resolved, "addCallback"):
+            self._push_resolved(request, resolved)
+            return
+        if self.key:
+            # The scheduler falls back to the memory queue on ValueError, which
+            # it can only do now, not once the scopes are known.
+            self._check_serializable(request)
+        self._resolving += 1
+        self._size += 1
+        resolved.addCallbacks(
+            lambda scopes: self._on_resolved(request, scopes),
+            lambda failure: self._on_resolved(request, None, failure),
+        )
+
+    def _on_resolved(self, request: Request, scopes: RequestScopes, failure: Any = None) -> None:
+        self._resolving -= 1
+        self._size -= 1
+        if failure is not None:
+            logger.error(
+                "Error while resolving the throttling scopes of %s; it is queued "
+                "with the scope of its host",
+                request,
+                exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+            )
+            scopes = self.throttler.get_request_scopes(request)
+            request.meta[RESOLVED_SCOPES_META_KEY] = scopes
+        try:
+            self._push_resolved(request, scopes)
+        except ValueError:
+            logger.error("Could not queue %s after resolving its scopes", request, exc_info=True)
+            self.crawler.stats.inc_value("throttling/scheduler/dropped_count")  # type: ignore[union-attr]
+            return
+        self._wake_engine()
+
+    def _push_resolved(self, request: Request, scopes: RequestScopes) -> None:
+        entry = self._entry(_scope_list(scopes))
+        queue = entry.queue
+        was_empty = not len(queue)
+        old_prio = queue.curprio
+        queue.push(request)  # may raise ValueError (unserializable): nothing changed yet
+        self._size += 1
+        if was_empty:
+            self._make_ready(entry)
+        elif entry.state == _READY and queue.curprio != old_prio:
+            self._make_ready(entry)  # re-key: the old heap item becomes stale
+
+    def _check_serializable(self, request: Request) -> None:
+        try:
+            pickle.dumps(request.to_dict(spider=self.crawler.spider), protocol=4)
+        except Exception as exc:
+            raise ValueError(f"Unable to serialize request {request}: {exc}") from exc
+
+    # -- pop ------------------------------------------------------------------
+
+    def pop(self) -> Request | None:
+        """Return a request every scope of which allows it now, reserved."""
+        now = self._clock()
+        if self._delayed:
+            self._promote_delayed()
+        if self._timed and self._timed[0][0] <= now:
+            self._promote_timed(now)
+        ready = self._ready
+        entries = self._entries
+        while ready:
+            _, seq, key = heapq.heappop(ready)
+            entry = entries.get(key)
+            if entry is None or entry.seq != seq or entry.state != _READY:
+                continue  # stale heap item
+            request = self._try_entry(entry, now)
+            if request is not None:
+                return request
+        self._arm_next_wakeup()
+        return None
+
+    def _try_entry(self, entry: _Entry, now: float) -> Request | None:
+        head: Request | None = None
+        if entry.needs_head:
+            head = entry.queue.peek()
+            values = list(iter_scope_values(head.meta.get(RESOLVED_SCOPES_META_KEY))) if head is not None else []
+        else:
+            values = [(scope, None) for scope in entry.scopes]
+        if self._check is not None:
+            wait, blocked = self._check(values, now)
+        else:  # a custom manager implementing only the protocol
+            if head is None:
+                head = entry.queue.peek()
+            assert head is not None
+            ready = self.throttler.is_ready(head)
+            wait = 0.0 if ready else (self.throttler.get_time_until_ready(head) or 0.0)
+            blocked = None if ready or wait else (entry.scopes[0] if entry.scopes else None)
+        if wait > 0:
+            entry.state = _TIMED
+            self._seq += 1
+            entry.seq = self._seq
+            heapq.heappush(self._timed, (now + wait, entry.seq, entry.key))
+            self._pass_on(entry)
+            return None
+        if blocked is not None:
+            entry.state = _BLOCKED
+            self._blocked.setdefault(blocked, deque()).append(entry.key)
+            self._pass_on(entry, skip=blocked)
+            return None
+        request = entry.queue.pop()
+        assert request is not None
+        self._size -= 1
+        if self._reserve is not None:
+            self._reserve(request, values, now)
+        else:
+            self.throttler.reserve(request)
+        if len(entry.queue):
+            self._make_ready(entry)
+        else:
+            self._remove(entry)
+        self._pass_on(entry)
+        return request
+
+    def _pass_on(self, entry: _Entry, skip: ScopeID | None = None) -> None:
+        # A queue woken for a freed slot may not use it (another scope blocks
+        # it, or it was just filled): wake the next waiter of each scope that
+        # still has room, so that a free slot is never left unclaimed.
+        blocked = self._blocked
+        if not blocked:
+            return
+        for scope in entry.scopes:
+            if scope != skip and scope in blocked:
+                manager = self.throttler.get_scope_manager(scope)
+                if not manager.concurrency_blocked():
+                    self._on_release(scope)
+
+    def _on_release(self, scope_id: ScopeID) -> None:
+        waiting = self._blocked.get(scope_id)
+        if not waiting:
+            return
+        entries = self._entries
+        while waiting:
+            entry = entries.get(waiting.popleft())
+            if entry is not None and entry.state == _BLOCKED and len(entry.queue):
+                self._make_ready(entry)
+                break
+        if not waiting:
+            del self._blocked[scope_id]
+
+    def _promote_timed(self, now: float) -> None:
+        timed = self._timed
+        entries = self._entries
+        while timed and timed[0][0] <= now:
+            _, seq, key = heapq.heappop(timed)
+            entry = entries.get(key)
+            if entry is not None and entry.seq == seq and entry.state == _TIMED:
+                self._make_ready(entry)
+
+    def _promote_delayed(self) -> None:
+        wall = time.time()
+        delayed = self._delayed
+        while delayed and delayed[0][0] <= wall:
+            _, _, request = heapq.heappop(delayed)
+            self._size -= 1
+            request.meta[DELAYED_META_KEY] = True
+            self.push(request)
+
+    # -- waking the engine ----------------------------------------------------
+
+    def _arm_next_wakeup(self) -> None:
+        at = float("inf")
+        if self._timed:
+            at = self._timed[0][0]
+        if self._delayed:
+            at = min(at, self._clock() + max(0.0, self._delayed[0][0] - time.time()))
+        if at != float("inf"):
+            self._arm_wakeup(at)
+
+    def _arm_wakeup(self, at: float) -> None:
+        if self._wakeup is not None and self._wakeup_at <= at:
+            return
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+        self._wakeup_at = at
+        self._wakeup = call_later(max(0.0, at - self._clock()), self._on_wakeup)
+
+    def _on_wakeup(self) -> None:
+        self._wakeup = None
+        self._wakeup_at = float("inf")
+        self._wake_engine()
+
+    def _wake_engine(self) -> None:
+        engine = getattr(self.crawler, "engine", None)
+        slot = getattr(engine, "_slot", None)
+        if slot is not None:
+            slot.nextcall.schedule()
+
+    # -- the rest of the priority-queue contract ------------------------------
+
+    def peek(self) -> Request | None:
+        """The request :meth:`pop` would try first (not reserved)."""
+        for _, seq, key in sorted(self._ready):
+            entry = self._entries.get(key)
+            if entry is not None and entry.seq == seq and entry.state == _READY:
+                return entry.queue.peek()
+        return None
+
+    def close(self) -> dict[str, list[int]]:
+        """Close every queue and return the state needed to resume."""
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
+        remove = getattr(self.throttler, "remove_release_listener", None)
+        if remove is not None:
+            remove(self._on_release)
+        while self._delayed:
+            _, _, request = heapq.heappop(self._delayed)
+            self._size -= 1
+            request.meta[DELAYED_META_KEY] = True
+            resolved = self.throttler.resolve_scopes_now(request)
+            if hasattr(resolved, "addCallback"):
+                resolved.cancel()
+                resolved = self.throttler.get_request_scopes(request)
+            try:
+                self._push_resolved(request, resolved)
+            except ValueError:
+                logger.error("Could not persist delayed request %s", request, exc_info=True)
+        state = {
+            json.dumps(entry.scopes): entry.queue.close() for entry in self._entries.values()
+        }
+        self._entries.clear()
+        return state
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __contains__(self, scope_set: Iterable[ScopeID]) -> bool:
+        return _SEPARATOR.join(sorted(set(scope_set))) in self._entries

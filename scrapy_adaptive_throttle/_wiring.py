@@ -1,0 +1,212 @@
+"""The thin layer between Scrapy and the throttling manager.
+
+- :func:`get_throttler` builds ``crawler.throttler`` once, lazily, when the
+  first component needs it (settings are final by then).
+- :class:`ThrottlingDownloader` neutralises Scrapy's own per-slot delay and
+  concurrency (so nothing is throttled twice) and releases every reservation
+  whatever happens to the request.
+- :class:`ThrottlingDownloaderMiddleware` is the gate for requests that do
+  not come through the throttling-aware scheduler queue (robots.txt aside,
+  ``engine.download()``, or a crawl with another priority queue), and feeds
+  every raw response and download exception to the manager, before
+  RetryMiddleware and RedirectMiddleware see them.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.core.downloader import Downloader, Slot
+from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.misc import build_from_crawler
+from twisted.internet.defer import Deferred
+
+from ._settings import ThrottlingSettings
+
+if TYPE_CHECKING:
+    from scrapy import Request, Spider
+    from scrapy.crawler import Crawler
+    from scrapy.http import Response
+    from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
+
+#: Meta key removed before every download so that a ``download_latency``
+#: copied from another request (retries, redirects) is never read as ours.
+_LATENCY_META_KEY = "download_latency"
+
+
+def get_throttler(crawler: Crawler) -> Any:
+    """Return ``crawler.throttler``, building it from :setting:`THROTTLING_MANAGER`
+    the first time.
+
+    A :setting:`THROTTLING_MANAGER` class that only resolves scopes (it has
+    ``get_request_scopes`` or ``get_scopes`` but no ``acquire``, like the
+    reference chapter's tldextract examples) is plugged into the default
+    manager as its scope resolver.
+    """
+    throttler = getattr(crawler, "throttler", None)
+    if throttler is not None:
+        return throttler
+    config = ThrottlingSettings.from_crawler(crawler)
+    cls = config.manager_cls
+    if hasattr(cls, "acquire"):
+        throttler = build_from_crawler(cls, crawler)
+    else:
+        from ._manager import ThrottlingManager  # noqa: PLC0415
+
+        throttler = _with_resolver(ThrottlingManager, cls, crawler)
+    crawler.throttler = throttler  # type: ignore[attr-defined]
+    _log_configuration(config, throttler)
+    return throttler
+
+
+def _with_resolver(base: type, resolver_cls: type, crawler: Crawler) -> Any:
+    resolver = build_from_crawler(resolver_cls, crawler) if hasattr(
+        resolver_cls, "from_crawler"
+    ) else resolver_cls()
+    namespace: dict[str, Any] = {}
+    if hasattr(resolver, "get_request_scopes"):
+        namespace["get_request_scopes"] = lambda self, request: resolver.get_request_scopes(
+            request
+        )
+    elif hasattr(resolver, "get_scopes"):
+
+        async def get_scopes(self: Any, request: Request) -> Any:
+            return await resolver.get_scopes(request)
+
+        namespace["get_scopes"] = get_scopes
+    else:
+        raise ValueError(
+            f"Invalid THROTTLING_MANAGER value {resolver_cls!r}: it implements "
+            "neither the throttling manager protocol (acquire, release, ...) nor "
+            "get_request_scopes() / get_scopes()"
+        )
+    combined = type(f"{resolver_cls.__name__}Manager", (base,), namespace)
+    manager = combined(crawler)
+    manager.scope_resolver = resolver
+    return manager
+
+
+def _log_configuration(config: ThrottlingSettings, throttler: Any) -> None:
+    logger.info(
+        "Throttling with %s (scope manager %s): %d configured scope(s), "
+        "default domain concurrency %d, CONCURRENT_REQUESTS %d, delay %.3gs",
+        type(throttler).__name__,
+        config.scope_manager_cls.__name__,
+        len(config.scopes),
+        config.domain_concurrency,
+        config.total_concurrency,
+        config.defaults["domain"].delay,
+    )
+
+
+class ThrottlingDownloader(Downloader):
+    """Scrapy's downloader without its own throttling, releasing every reservation.
+
+    Scrapy's per-slot delay, jitter and concurrency are switched off (each
+    slot gets an unbounded concurrency and no delay): the throttling manager
+    enforces the scope's limits, on every reactor.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self.throttler = get_throttler(crawler)
+        self.domain_concurrency = sys.maxsize
+        self.ip_concurrency = 0
+        self._delay = 0.0
+        self._jitter = 0.0
+        if self.per_slot_settings:
+            logger.warning(
+                "DOWNLOAD_SLOTS is ignored with scrapy-adaptive-throttle; "
+                "configure those hosts in THROTTLING_SCOPES instead: %s",
+                sorted(self.per_slot_settings),
+            )
+            self.per_slot_settings = {}
+
+    def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, Slot]:
+        key = self.get_slot_key(request)
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self.slots[key] = Slot(sys.maxsize, 0.0, 0.0)
+            self._start_slot_gc()
+        return key, slot
+
+    def get_slot_key(self, request: Request) -> str:
+        key: str = self.throttler.get_slot_key(request)
+        # Remember what we stamp into download_slot, so that a retried or
+        # redirected copy is not taken for a user-set slot.
+        request.meta["_throttling_slot_stamp"] = key
+        return key
+
+    def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Any]:
+        from scrapy.utils.defer import deferred_from_coro  # noqa: PLC0415
+
+        return deferred_from_coro(self._fetch(request))
+
+    async def _fetch(self, request: Request) -> Response | Request:
+        self.active.add(request)
+        try:
+            return await self.middleware.download_async(self._enqueue_request, request)
+        finally:
+            self.active.discard(request)
+            self.throttler.release(request)
+
+
+class ThrottlingDownloaderMiddleware:
+    """The throttling gate and the source of backoff and latency samples.
+
+    Placed after RobotsTxtMiddleware and HttpCacheMiddleware (so cache hits
+    and robots.txt never wait), and before RetryMiddleware in the response
+    chain (so a retried 429 still slows its scope down).
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.throttler = get_throttler(crawler)
+        downloader = crawler.settings.get("DOWNLOADER")
+        if isinstance(downloader, str):
+            from scrapy.utils.misc import load_object  # noqa: PLC0415
+
+            downloader = load_object(downloader)
+        if not (isinstance(downloader, type) and issubclass(downloader, ThrottlingDownloader)):
+            raise ValueError(
+                f"Invalid DOWNLOADER value {crawler.settings.get('DOWNLOADER')!r}: "
+                "scrapy-adaptive-throttle needs "
+                "scrapy_adaptive_throttle.ThrottlingDownloader (or a subclass) so that "
+                "throttling reservations are always released. Enable the add-on or "
+                "see the manual setup in the docs."
+            )
+        crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    async def _spider_opened(self) -> None:
+        initial = getattr(self.throttler, "get_initial_backoff", None)
+        if initial is None:
+            return
+        data = await initial()
+        if data:
+            self.throttler.apply_backoff(data, cause="initial")
+
+    async def process_request(self, request: Request) -> None:
+        request.meta.pop(_LATENCY_META_KEY, None)
+        await self.throttler.acquire(request)
+
+    async def process_response(self, request: Request, response: Response) -> Response:
+        if "cached" in response.flags:
+            return response
+        if response.request is None:
+            response.request = request
+        await self.throttler.process_response(response)
+        return response
+
+    async def process_exception(self, request: Request, exception: Exception) -> None:
+        if isinstance(exception, IgnoreRequest):
+            return
+        await self.throttler.process_exception(request, exception)
