@@ -1,0 +1,72 @@
+"""Shared fixtures: simulated hosts and in-process crawls.
+
+pytest runs with ``--reactor=asyncio`` (pytest-twisted installs Twisted's
+``AsyncioSelectorReactor`` and runs every test inside the reactor), so Scrapy
+crawls run in the test process. The pattern for a crawl test::
+
+    from scrapy.utils.defer import deferred_f_from_coro_f
+
+    from tests.spiders import PagesSpider, run_crawl
+
+
+    @deferred_f_from_coro_f
+    async def test_all_pages_answered(simhosts):
+        hosts = simhosts({"name": "A", "kind": "unlimited"})
+        urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
+        crawler = await run_crawl(PagesSpider, {"CONCURRENT_REQUESTS": 4}, urls=urls)
+        assert crawler.spider.unanswered() == []
+
+``@deferred_f_from_coro_f`` (Scrapy) runs the test coroutine as an asyncio
+task, so inside it ``await asyncio.sleep(...)``, asyncio futures and Scrapy's
+coroutine APIs work; await a Deferred there with
+``scrapy.utils.defer.maybe_deferred_to_future(d)``. This is the recommended
+pattern. ``@pytest_twisted.ensureDeferred`` (and a plain undecorated
+``async def``, which pytest-twisted 1.14 also runs) drive the coroutine with
+Twisted instead: ``run_crawl`` and Deferreds can be awaited, but
+``asyncio.sleep`` fails with "await wasn't used with future". Checked with
+pytest-twisted 1.14.3, Scrapy 2.19.0, Twisted 26.10.
+
+Blocking calls (``SimHosts.stats()``, ``urllib``) are fine in tests: the
+simulated hosts live in a subprocess, so blocking the reactor briefly does not
+stop them from answering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from bench.simhosts import SimHosts
+from tests.spiders import BASE_SETTINGS, PagesSpider, run_crawl
+
+__all__ = ["BASE_SETTINGS", "PagesSpider", "run_crawl"]
+
+SimHostsFactory = Callable[..., SimHosts]
+
+
+@pytest.fixture
+def simhosts() -> Iterator[SimHostsFactory]:
+    """Start simulated hosts: ``simhosts(*host_configs) -> SimHosts``.
+
+    Each call starts one server process for the given hosts (see
+    :mod:`bench.simhosts` for the config keys); every server started by the
+    test is stopped at teardown.
+    """
+    started: list[SimHosts] = []
+
+    def start(*host_configs: dict[str, Any]) -> SimHosts:
+        hosts = SimHosts(list(host_configs))
+        started.append(hosts)
+        return hosts.start()
+
+    yield start
+    for hosts in started:
+        hosts.stop()
+
+
+@pytest.fixture(name="run_crawl")
+def run_crawl_fixture() -> Callable[..., Any]:
+    """The :func:`tests.spiders.run_crawl` helper, for tests that prefer a fixture."""
+    return run_crawl

@@ -1,0 +1,169 @@
+"""Spiders and the crawl helper shared by the crawl tests.
+
+Import them as ``from tests.spiders import PagesSpider, run_crawl`` (the
+``run_crawl`` fixture of ``tests/conftest.py`` is the same function). See
+``tests/conftest.py`` for the test pattern that works with pytest-twisted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from scrapy import Request, Spider
+from scrapy.crawler import Crawler, CrawlerRunner
+from scrapy.http import Response
+from scrapy.spidermiddlewares.httperror import HttpError
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+#: Settings every test crawl starts from; a test's own settings override them.
+BASE_SETTINGS: dict[str, Any] = {
+    "LOG_LEVEL": "WARNING",
+    "TELNETCONSOLE_ENABLED": False,
+    "ROBOTSTXT_OBEY": False,
+}
+
+
+async def run_crawl(
+    spider_cls: type[Spider],
+    settings: dict[str, Any] | None = None,
+    **spider_kwargs: Any,
+) -> Crawler:
+    """Run one crawl in this process, on the installed asyncio reactor.
+
+    Returns the finished :class:`~scrapy.crawler.Crawler`: read
+    ``crawler.stats.get_stats()``, ``crawler.spider`` (e.g. a
+    :class:`PagesSpider`'s records), and the plugin's ``crawler.throttler``.
+    ``settings`` are applied over :data:`BASE_SETTINGS`.
+
+    Works when awaited from an asyncio task (tests decorated with Scrapy's
+    ``deferred_f_from_coro_f``, the recommended pattern) and from a coroutine
+    driven by Twisted (tests decorated with ``pytest_twisted.ensureDeferred``).
+    """
+    runner = CrawlerRunner({**BASE_SETTINGS, **(settings or {})})
+    crawler = runner.create_crawler(spider_cls)
+    await _wait(runner.crawl(crawler, **spider_kwargs))
+    return crawler
+
+
+def _wait(deferred: Deferred[Any]) -> Any:
+    """Make a Deferred awaitable from whichever kind of coroutine awaits it.
+
+    An asyncio task can only await asyncio futures, and a coroutine run by
+    ``Deferred.fromCoroutine`` can only await Deferreds; the current task tells
+    which of the two is running us.
+    """
+    try:
+        in_asyncio_task = asyncio.current_task() is not None
+    except RuntimeError:  # no running event loop
+        in_asyncio_task = False
+    if in_asyncio_task:
+        return deferred.asFuture(asyncio.get_running_loop())
+    return deferred
+
+
+class PagesSpider(Spider):
+    """Fetch a fixed list of URLs and record what happened to each request.
+
+    :param urls: the URLs to fetch, each once (``dont_filter=True``, so the same
+        URL may appear several times).
+    :param meta: request meta shared by every request.
+    :param metas: per-URL request meta, aligned with ``urls`` (merged over
+        ``meta``).
+    :param request_kwargs: extra :class:`~scrapy.Request` keyword arguments.
+
+    After the crawl:
+
+    * ``responses``: one dict per response that reached the spider, with
+      ``url``, ``status``, ``time`` (``time.monotonic()``), ``download_latency``
+      (``None`` if the response did not go through the downloader), ``index``
+      (position in ``urls``) and ``http_error`` (``True`` for non-2xx responses
+      that Scrapy's HttpError middleware turned into errors);
+    * ``failures``: one dict per request that ended in an error without a
+      response: ``url``, ``index``, ``time``, ``error`` (exception class name),
+      ``message``;
+    * :meth:`unanswered`: indexes of URLs with neither, which must be empty
+      when no request was lost.
+    """
+
+    name = "pages"
+
+    def __init__(
+        self,
+        urls: Sequence[str] = (),
+        meta: dict[str, Any] | None = None,
+        metas: Sequence[dict[str, Any]] | None = None,
+        request_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.urls = list(urls)
+        self.common_meta = dict(meta or {})
+        self.metas = list(metas) if metas is not None else None
+        if self.metas is not None and len(self.metas) != len(self.urls):
+            raise ValueError("metas must have one entry per URL")
+        self.request_kwargs = dict(request_kwargs or {})
+        self.responses: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
+
+    async def start(self) -> AsyncIterator[Any]:
+        for index, url in enumerate(self.urls):
+            meta = dict(self.common_meta)
+            if self.metas is not None:
+                meta.update(self.metas[index])
+            meta["pages_index"] = index
+            yield Request(
+                url,
+                callback=self.parse,
+                errback=self.on_error,
+                dont_filter=True,
+                meta=meta,
+                **self.request_kwargs,
+            )
+
+    def _record_response(self, response: Response, *, http_error: bool) -> None:
+        meta = response.meta
+        self.responses.append(
+            {
+                "url": response.url,
+                "status": response.status,
+                "time": time.monotonic(),
+                "download_latency": meta.get("download_latency"),
+                "index": meta.get("pages_index"),
+                "http_error": http_error,
+            }
+        )
+
+    def parse(self, response: Response, **kwargs: Any) -> None:
+        self._record_response(response, http_error=False)
+
+    def on_error(self, failure: Failure) -> None:
+        if isinstance(failure.value, HttpError):
+            self._record_response(failure.value.response, http_error=True)
+            return
+        request = getattr(failure, "request", None)
+        self.failures.append(
+            {
+                "url": request.url if request is not None else None,
+                "index": request.meta.get("pages_index")
+                if request is not None
+                else None,
+                "time": time.monotonic(),
+                "error": type(failure.value).__name__,
+                "message": str(failure.value),
+            }
+        )
+
+    @property
+    def statuses(self) -> list[int]:
+        """Status of every response, in arrival order."""
+        return [entry["status"] for entry in self.responses]
+
+    def unanswered(self) -> list[int]:
+        """Indexes of ``urls`` that got neither a response nor a failure."""
+        seen = {entry["index"] for entry in self.responses}
+        seen.update(entry["index"] for entry in self.failures)
+        return [index for index in range(len(self.urls)) if index not in seen]

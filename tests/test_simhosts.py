@@ -1,0 +1,238 @@
+"""Tests of the simulated hosts server (bench/simhosts.py) and the crawl fixture."""
+
+from __future__ import annotations
+
+import http.client
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from bench.simhosts import SimHosts
+from tests.spiders import PagesSpider, run_crawl
+
+
+def fetch(
+    url: str, connection: http.client.HTTPConnection | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes, float]:
+    """GET without following redirects: (status, headers, body, seconds)."""
+    parts = urlsplit(url)
+    own = connection is None
+    if connection is None:
+        connection = http.client.HTTPConnection(parts.netloc, timeout=10)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    started = time.monotonic()
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read()
+    finally:
+        if own:
+            connection.close()
+    return response.status, response.headers, body, time.monotonic() - started
+
+
+def fetch_concurrently(urls: list[str]) -> list[tuple[int, Any, bytes, float]]:
+    with ThreadPoolExecutor(len(urls)) as pool:
+        return list(pool.map(fetch, urls))
+
+
+def test_queue_host_sheds_503_with_retry_after_when_full(simhosts: Any) -> None:
+    hosts = simhosts(
+        {
+            "name": "Q",
+            "kind": "queue",
+            "workers": 1,
+            "service_time": 0.3,
+            "queue_size": 2,
+            "retry_after": 2,
+        }
+    )
+    results = fetch_concurrently([hosts.url("Q", f"/p/{i}") for i in range(5)])
+    statuses = sorted(status for status, *_ in results)
+    assert statuses == [200, 200, 200, 503, 503]
+    for status, headers, _, seconds in results:
+        if status == 503:
+            assert headers["Retry-After"] == "2"
+            assert seconds < 0.25  # shed at once, not after a service time
+    # One worker: the three admitted requests are served one after another.
+    assert max(seconds for *_, seconds in results) >= 0.85
+    stats = hosts.stats("Q")
+    assert stats["max_concurrency"] == 3
+    assert stats["status_counts"] == {"200": 3, "503": 2}
+    assert stats["requests"] == 5
+
+
+def test_concurrency_recorded_per_arrival(simhosts: Any) -> None:
+    hosts = simhosts({"name": "U", "kind": "unlimited", "service_time": 0.3})
+    fetch_concurrently([hosts.url("U", f"/p/{i}") for i in range(4)])
+    stats = hosts.stats("U")
+    assert sorted(arrival[2] for arrival in stats["arrivals"]) == [1, 2, 3, 4]
+    assert stats["max_concurrency"] == 4
+    # Later requests find an idle host again.
+    fetch(hosts.url("U", "/later"))
+    assert hosts.stats("U")["arrivals"][-1][2] == 1
+
+
+def test_queue_host_counts_queued_requests_as_held(simhosts: Any) -> None:
+    hosts = simhosts({"name": "Q", "kind": "queue", "workers": 2, "service_time": 0.3})
+    results = fetch_concurrently([hosts.url("Q", f"/p/{i}") for i in range(5)])
+    assert all(status == 200 for status, *_ in results)
+    # 2 workers at 0.3 s: 5 requests need three rounds.
+    assert max(seconds for *_, seconds in results) >= 0.85
+    assert hosts.stats("Q")["max_concurrency"] == 5
+
+
+def test_schedule_changes_service_time(simhosts: Any) -> None:
+    hosts = simhosts(
+        {
+            "name": "S",
+            "kind": "queue",
+            "workers": 1,
+            "service_time": 0.01,
+            "schedule": [[0.5, 60, 0.3]],
+        }
+    )
+    *_, fast = fetch(hosts.url("S", "/first"))  # host-time 0
+    time.sleep(0.6)
+    *_, slow = fetch(hosts.url("S", "/second"))
+    assert fast < 0.2
+    assert slow >= 0.3
+    arrivals = hosts.stats("S")["arrivals"]
+    assert arrivals[0][0] == 0.0
+    assert arrivals[1][0] >= 0.5
+    assert arrivals[0][4] < 0.2
+    assert arrivals[1][4] >= 0.3
+
+
+def test_ratelimit_host_answers_429_past_rate(simhosts: Any) -> None:
+    hosts = simhosts({"name": "R", "kind": "ratelimit", "rate": 5, "retry_after": 3})
+    connection = http.client.HTTPConnection(hosts.netloc("R"), timeout=10)
+    results = [fetch(hosts.url("R", f"/p/{i}"), connection) for i in range(8)]
+    assert [status for status, *_ in results] == [200] * 5 + [429] * 3
+    assert results[-1][1]["Retry-After"] == "3"
+    time.sleep(1.05)  # the sliding window has moved past the first 5
+    assert fetch(hosts.url("R", "/again"), connection)[0] == 200
+    connection.close()
+    assert hosts.stats("R")["status_counts"] == {"200": 6, "429": 3}
+
+
+def test_robots_txt(simhosts: Any) -> None:
+    robots = "User-agent: *\nCrawl-delay: 2\n"
+    hosts = simhosts(
+        {"name": "A", "kind": "unlimited", "robots_txt": robots},
+        {"name": "B", "kind": "unlimited"},
+    )
+    status, headers, body, _ = fetch(hosts.url("A", "/robots.txt"))
+    assert (status, body.decode()) == (200, robots)
+    assert headers["Content-Type"] == "text/plain"
+    assert fetch(hosts.url("B", "/robots.txt"))[0] == 404
+
+
+def test_query_overrides(simhosts: Any) -> None:
+    hosts = simhosts({"name": "A", "kind": "unlimited"})
+    url = hosts.url
+    assert fetch(url("A", "/x?status=404"))[0] == 404
+    status, headers, *_ = fetch(url("A", "/x?header=X-One:1&header=X-Two:%20two"))
+    assert (status, headers["X-One"], headers["X-Two"]) == (200, "1", "two")
+    status, headers, *_ = fetch(url("A", "/x?redirect=/target"))
+    assert (status, headers["Location"]) == (302, "/target")
+    assert len(fetch(url("A", "/x?body_size=12345"))[2]) == 12345
+    assert fetch(url("A", "/x?delay=0.3"))[3] >= 0.3
+    with pytest.raises((http.client.HTTPException, ConnectionError)):
+        fetch(url("A", "/x?drop=1"))
+    assert b"/some/path" in fetch(url("A", "/some/path"))[2]
+    counts = hosts.stats("A")["status_counts"]
+    assert counts == {"404": 1, "200": 4, "302": 1, "0": 1}
+
+
+def test_keep_alive_reuses_one_connection(simhosts: Any) -> None:
+    hosts = simhosts({"name": "A", "kind": "queue", "workers": 2, "service_time": 0})
+    connection = http.client.HTTPConnection(hosts.netloc("A"), timeout=10)
+    fetch(hosts.url("A", "/1"), connection)
+    sock = connection.sock
+    for i in range(20):
+        assert fetch(hosts.url("A", f"/{i}"), connection)[0] == 200
+    assert connection.sock is sock
+    connection.close()
+
+
+def test_stats_reset_and_config(simhosts: Any) -> None:
+    config = {"name": "A", "kind": "queue", "workers": 3, "service_time": 0.01}
+    hosts = simhosts(config)
+    fetch(hosts.url("A", "/one?a=1"))
+    fetch(hosts.url("A", "/two"))
+    stats = hosts.stats("A")
+    assert stats["name"] == "A"
+    assert stats["kind"] == "queue"
+    assert stats["requests"] == 2  # control requests are never recorded
+    assert [arrival[1] for arrival in stats["arrivals"]] == ["/one?a=1", "/two"]
+    assert [arrival[3] for arrival in stats["arrivals"]] == [200, 200]
+    assert stats["first_arrival_epoch"] == pytest.approx(time.time(), abs=5)
+    assert hosts.config("A")["workers"] == 3
+    assert hosts.config("A")["queue_size"] == 16  # default filled in
+
+    hosts.reset("A")
+    stats = hosts.stats("A")
+    assert (stats["requests"], stats["arrivals"], stats["first_arrival_epoch"]) == (
+        0,
+        [],
+        None,
+    )
+    time.sleep(0.2)
+    fetch(hosts.url("A", "/three"))
+    assert hosts.stats("A")["arrivals"][0][0] == 0.0  # host-time restarted
+
+
+def test_netloc_and_url(simhosts: Any) -> None:
+    hosts = simhosts({"name": "A", "kind": "unlimited"})
+    port = hosts.ports["A"]
+    assert hosts.netloc("A") == f"127.0.0.1:{port}"
+    assert hosts.url("A") == f"http://127.0.0.1:{port}/"
+    assert hosts.url("A", "x/y") == f"http://127.0.0.1:{port}/x/y"
+    with pytest.raises(KeyError, match="no simulated host"):
+        hosts.url("missing")
+
+
+def test_invalid_config_fails_before_starting() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        SimHosts([{"name": "Q", "kind": "queue", "service_time": 0.1}])
+    with pytest.raises(ValueError, match="kind"):
+        SimHosts([{"name": "Q", "kind": "nonsense"}])
+
+
+def test_start_failure_reports_server_error(simhosts: Any) -> None:
+    taken = simhosts({"name": "A", "kind": "unlimited"}).ports["A"]
+    clash = SimHosts([{"name": "B", "kind": "unlimited", "port": taken}])
+    with pytest.raises(RuntimeError, match="failed to start") as info:
+        clash.start()
+    assert "CannotListenError" in str(info.value)
+    assert not clash.running
+
+
+def test_stop_ends_the_server_process() -> None:
+    hosts = SimHosts([{"name": "A", "kind": "unlimited"}]).start()
+    process = hosts.process
+    assert process is not None
+    assert hosts.running
+    hosts.stop()
+    assert process.poll() is not None
+    assert not hosts.running
+
+
+@deferred_f_from_coro_f
+async def test_plain_scrapy_crawl_fetches_every_page(simhosts: Any) -> None:
+    hosts = simhosts({"name": "A", "kind": "queue", "workers": 4, "service_time": 0.01})
+    urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
+    crawler = await run_crawl(PagesSpider, {"CONCURRENT_REQUESTS": 4}, urls=urls)
+    spider = crawler.spider
+    assert isinstance(spider, PagesSpider)
+    assert spider.unanswered() == []
+    assert spider.failures == []
+    assert spider.statuses == [200] * 20
+    assert all(entry["download_latency"] > 0 for entry in spider.responses)
+    assert crawler.stats.get_value("downloader/response_status_count/200") == 20
+    assert hosts.stats("A")["requests"] == 20
