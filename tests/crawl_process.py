@@ -1,0 +1,70 @@
+"""Run one crawl in a fresh process: ``python -m tests.crawl_process JSON``.
+
+For tests that need what a single test process cannot give: another reactor
+(the reactor is installed once per process) or a crawl stopped and resumed
+with ``JOBDIR``. The JSON argument holds ``settings``, ``urls`` and optional
+``metas`` and ``stop_after`` (close the crawl after that many responses);
+the process prints one JSON line: ``{"responses": [...], "failures": [...],
+"finish_reason": ..., "reactor": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from scrapy.crawler import CrawlerProcess
+from scrapy.exceptions import CloseSpider
+
+from tests.spiders import BASE_SETTINGS, PagesSpider
+
+
+class StoppingSpider(PagesSpider):
+    name = "stopping"
+
+    def __init__(self, stop_after: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stop_after = stop_after
+
+    async def start(self) -> Any:
+        # Unlike PagesSpider, let the dupefilter see start requests, so that a
+        # resumed JOBDIR crawl does not fetch again what the first run queued.
+        async for request in super().start():
+            yield request.replace(dont_filter=False)
+
+    def parse(self, response: Any, **kwargs: Any) -> None:
+        super().parse(response, **kwargs)
+        if self.stop_after is not None and len(self.responses) >= self.stop_after:
+            raise CloseSpider("stopped_half_way")
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    process = CrawlerProcess({**BASE_SETTINGS, **config["settings"]})
+    crawler = process.create_crawler(StoppingSpider)
+    process.crawl(
+        crawler,
+        urls=config["urls"],
+        metas=config.get("metas"),
+        stop_after=config.get("stop_after"),
+    )
+    process.start()
+    from twisted.internet import reactor
+
+    spider = crawler.spider
+    print(
+        json.dumps(
+            {
+                "responses": spider.responses,
+                "failures": spider.failures,
+                "unanswered": spider.unanswered(),
+                "finish_reason": crawler.stats.get_value("finish_reason"),
+                "reactor": f"{type(reactor).__module__}.{type(reactor).__name__}",
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
