@@ -124,7 +124,11 @@ class ThrottlingAwarePriorityQueue:
         self._start_queue_cls = start_queue_cls
         self._clock = time.monotonic
         self._entries: dict[str, _Entry] = {}
-        self._ready: list[tuple[int, int, str]] = []
+        # Queues that may be sendable: a FIFO per priority (appending with an
+        # increasing sequence number keeps each FIFO in round-robin order), and
+        # a heap of the few distinct priorities, so a dequeue is O(1).
+        self._ready: dict[int, deque[tuple[int, str]]] = {}
+        self._ready_priorities: list[int] = []
         self._timed: list[tuple[float, int, str]] = []
         self._blocked: dict[ScopeID, deque[str]] = {}
         self._delayed: list[tuple[float, int, Request]] = []
@@ -176,7 +180,12 @@ class ThrottlingAwarePriorityQueue:
         self._seq += 1
         entry.seq = self._seq
         entry.state = _READY
-        heapq.heappush(self._ready, (entry.queue.curprio or 0, entry.seq, entry.key))
+        priority = entry.queue.curprio or 0
+        fifo = self._ready.get(priority)
+        if fifo is None:
+            fifo = self._ready[priority] = deque()
+            heapq.heappush(self._ready_priorities, priority)
+        fifo.append((entry.seq, entry.key))
 
     def _remove(self, entry: _Entry) -> None:
         del self._entries[entry.key]
@@ -260,12 +269,19 @@ class ThrottlingAwarePriorityQueue:
         if self._timed and self._timed[0][0] <= now:
             self._promote_timed(now)
         ready = self._ready
+        priorities = self._ready_priorities
         entries = self._entries
-        while ready:
-            _, seq, key = heapq.heappop(ready)
+        while priorities:
+            priority = priorities[0]
+            fifo = ready[priority]
+            if not fifo:
+                heapq.heappop(priorities)
+                del ready[priority]
+                continue
+            seq, key = fifo.popleft()
             entry = entries.get(key)
             if entry is None or entry.seq != seq or entry.state != _READY:
-                continue  # stale heap item
+                continue  # stale item: the queue was re-keyed or moved since
             request = self._try_entry(entry, now)
             if request is not None:
                 return request
@@ -383,7 +399,10 @@ class ThrottlingAwarePriorityQueue:
         self._wake_engine()
 
     def _wake_engine(self) -> None:
-        engine = getattr(self.crawler, "engine", None)
+        try:
+            engine = self.crawler.engine
+        except RuntimeError:  # the crawl has not started (or already ended)
+            return
         slot = getattr(engine, "_slot", None)
         if slot is not None:
             slot.nextcall.schedule()
@@ -392,10 +411,11 @@ class ThrottlingAwarePriorityQueue:
 
     def peek(self) -> Request | None:
         """The request :meth:`pop` would try first (not reserved)."""
-        for _, seq, key in sorted(self._ready):
-            entry = self._entries.get(key)
-            if entry is not None and entry.seq == seq and entry.state == _READY:
-                return entry.queue.peek()
+        for priority in sorted(self._ready):
+            for seq, key in self._ready[priority]:
+                entry = self._entries.get(key)
+                if entry is not None and entry.seq == seq and entry.state == _READY:
+                    return entry.queue.peek()
         return None
 
     def close(self) -> dict[str, list[int]]:
