@@ -136,7 +136,8 @@ def main() -> None:
 
     install_reactor("twisted.internet.asyncioreactor.AsyncioSelectorReactor")
     print(
-        f"{'queue':<34} {'scopes':>8} {'requests':>9} {'push us':>8} {'pop+release us':>15}"
+        f"{'queue':<34} {'scopes':>8} {'requests':>9} {'push us':>8} "
+        f"{'pop+release us':>15}"
     )
     for scopes in (int(value) for value in args.scopes.split(",")):
         result = run(scopes, args.requests, warm=args.warm)

@@ -1,4 +1,7 @@
-"""The add-on that configures everything: ``ADDONS = {"scrapy_adaptive_throttle.Addon": 500}``."""
+"""The add-on that configures everything.
+
+``ADDONS = {"scrapy_adaptive_throttle.Addon": 500}`` in a project's settings.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ logger = logging.getLogger(__name__)
 _DOWNLOADER = "scrapy_adaptive_throttle.ThrottlingDownloader"
 _PRIORITY_QUEUE = "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
 _MIDDLEWARE = "scrapy_adaptive_throttle.ThrottlingDownloaderMiddleware"
+_LATENCY_SCOPE_MANAGER = "scrapy_adaptive_throttle.LatencyScopeManager"
+_DIAGNOSTICS = "scrapy_adaptive_throttle._diagnostics.ThrottlingDiagnostics"
 #: After HttpCacheMiddleware (900): cache hits never wait nor back off, and
 #: the raw response is seen before RetryMiddleware (550) retries it.
 MIDDLEWARE_PRIORITY = 950
@@ -41,9 +46,20 @@ class Addon:
     def update_settings(self, settings: BaseSettings) -> None:
         for name, value in DEFAULTS.items():
             settings.setdefault(name, value, priority="default")
+        # Adapting to each host is what the plugin is installed for; priority
+        # "addon" only replaces the default, never a user's choice.
+        settings.set(
+            "THROTTLING_SCOPE_MANAGER", _LATENCY_SCOPE_MANAGER, priority="addon"
+        )
+        settings.setdefault_in_component_priority_dict(
+            "EXTENSIONS", load_object(_DIAGNOSTICS), 0
+        )
         self._set_component(settings, "DOWNLOADER", _DOWNLOADER, {_SCRAPY_DOWNLOADER})
         self._set_component(
-            settings, "SCHEDULER_PRIORITY_QUEUE", _PRIORITY_QUEUE, _SCRAPY_PRIORITY_QUEUES
+            settings,
+            "SCHEDULER_PRIORITY_QUEUE",
+            _PRIORITY_QUEUE,
+            _SCRAPY_PRIORITY_QUEUES,
         )
         settings.set_in_component_priority_dict(
             "DOWNLOADER_MIDDLEWARES", load_object(_MIDDLEWARE), MIDDLEWARE_PRIORITY
@@ -65,8 +81,14 @@ class Addon:
         settings: BaseSettings, name: str, ours: str, replaceable: set[str]
     ) -> None:
         current: Any = settings.get(name)
-        current_path = current if isinstance(current, str) else (
-            f"{current.__module__}.{current.__qualname__}" if isinstance(current, type) else ""
+        current_path = (
+            current
+            if isinstance(current, str)
+            else (
+                f"{current.__module__}.{current.__qualname__}"
+                if isinstance(current, type)
+                else ""
+            )
         )
         if current_path in replaceable or current_path == ours:
             settings.set(name, ours, priority="addon")

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from contextlib import suppress
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
@@ -34,12 +35,14 @@ from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope
 from ._wiring import get_throttler
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator, Mapping
 
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.utils.asyncio import CallLaterResult
     from typing_extensions import Self
+
+    from ._manager import ScopeValues
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +50,53 @@ _READY, _TIMED, _BLOCKED = 0, 1, 2
 _SEPARATOR = "\n"
 
 
+#: Quota shares are told apart in steps of 1/_SHARE_STEPS of the quota.
+_SHARE_STEPS = 20
+#: The most buckets looked at for a request that fits in what is left of a
+#: quota when the head of its queue does not.
+_BACKFILL_BUCKETS = 32
+
+
 class _ScopeSetQueue(ScrapyPriorityQueue):
-    """The requests of one scope set, by priority then FIFO."""
+    """The requests of one scope set, by priority, then larger quota share
+    first, then FIFO.
+
+    Each request priority spans ``_SHARE_STEPS + 1`` internal priorities: the
+    larger the share of a scope's quota a request consumes, the earlier it
+    comes among requests of its priority (the chapter's "everything else
+    being equal" preference), so that a large request gets the start of a
+    quota window instead of waiting for a window that no small one has
+    touched yet. Requests without a quota amount come last.
+    """
+
+    #: Quota of each quota scope of the set.
+    quotas: Mapping[ScopeID, float] = MappingProxyType({})
+
+    def priority(self, request: Request) -> int:
+        rank = _SHARE_STEPS
+        if self.quotas:
+            share = _quota_share(request, self.quotas)
+            rank -= round(min(share, 1.0) * _SHARE_STEPS)
+        return -request.priority * (_SHARE_STEPS + 1) + rank
+
+    def iter_heads(self) -> Iterator[tuple[int, bool, Request]]:
+        """``(priority, is_start, head)`` of each internal queue, in pop order."""
+        for priority in sorted({*self.queues, *self._start_queues})[:_BACKFILL_BUCKETS]:
+            for is_start, queues in ((False, self.queues), (True, self._start_queues)):
+                queue = queues.get(priority)
+                if queue:
+                    yield priority, is_start, queue.peek()  # type: ignore[attr-defined]
+
+    def pop_from(self, priority: int, is_start: bool) -> Request | None:
+        """Pop the head of one internal queue (see :meth:`iter_heads`)."""
+        queues = self._start_queues if is_start else self.queues
+        queue = queues[priority]
+        request: Request | None = queue.pop()
+        if not queue:
+            del queues[priority]
+            queue.close()
+            self._update_curprio()
+        return request
 
     def peek(self) -> Request | None:
         # Same preference as pop() (regular queue first at equal priority);
@@ -62,13 +110,25 @@ class _ScopeSetQueue(ScrapyPriorityQueue):
 class _Entry:
     __slots__ = ("key", "needs_head", "queue", "scopes", "seq", "state")
 
-    def __init__(self, key: str, scopes: list[ScopeID], queue: _ScopeSetQueue, needs_head: bool):
+    def __init__(
+        self, key: str, scopes: list[ScopeID], queue: _ScopeSetQueue, needs_head: bool
+    ):
         self.key = key
         self.scopes = scopes
         self.queue = queue
         self.needs_head = needs_head
         self.state = _READY
         self.seq = 0
+
+
+def _quota_share(request: Request, quotas: Mapping[ScopeID, float]) -> float:
+    """The largest share of a quota that *request* consumes (0.0 for none)."""
+    share = 0.0
+    for scope, amount in iter_scope_values(request.meta.get(RESOLVED_SCOPES_META_KEY)):
+        quota = quotas.get(scope)
+        if quota and isinstance(amount, int | float) and amount > 0:
+            share = max(share, amount / quota)
+    return share
 
 
 def _scope_list(scopes: RequestScopes) -> list[ScopeID]:
@@ -99,7 +159,13 @@ class ThrottlingAwarePriorityQueue:
         *,
         start_queue_cls: type[Any] | None = None,
     ) -> Self:
-        return cls(crawler, downstream_queue_cls, key, startprios, start_queue_cls=start_queue_cls)
+        return cls(
+            crawler,
+            downstream_queue_cls,
+            key,
+            startprios,
+            start_queue_cls=start_queue_cls,
+        )
 
     def __init__(
         self,
@@ -139,9 +205,24 @@ class ThrottlingAwarePriorityQueue:
         self._wakeup_at = float("inf")
         self._check = getattr(self.throttler, "check_scopes", None)
         self._reserve = getattr(self.throttler, "reserve_scopes", None)
-        self._has_quota = {
-            scope_id for scope_id, config in self.throttler.config.scopes.items() if config.quota
-        } if hasattr(self.throttler, "config") else set()
+        self._has_quota = (
+            {
+                scope_id
+                for scope_id, config in self.throttler.config.scopes.items()
+                if config.quota
+            }
+            if hasattr(self.throttler, "config")
+            else set()
+        )
+        self._quotas = (
+            {
+                scope_id: config.quota
+                for scope_id, config in self.throttler.config.scopes.items()
+                if config.quota
+            }
+            if hasattr(self.throttler, "config")
+            else {}
+        )
         listen = getattr(self.throttler, "add_release_listener", None)
         if listen is not None:
             listen(self._on_release)
@@ -166,6 +247,7 @@ class ThrottlingAwarePriorityQueue:
                 start_queue_cls=self._start_queue_cls,
             )
             needs_head = any(scope in self._has_quota for scope in scopes)
+            queue.quotas = {s: self._quotas[s] for s in scopes if s in self._quotas}
             entry = _Entry(key, scopes, queue, needs_head)
             entry.state = _BLOCKED  # not anywhere yet; _make_ready puts it in the heap
             self._entries[key] = entry
@@ -221,7 +303,9 @@ class ThrottlingAwarePriorityQueue:
             lambda failure: self._on_resolved(request, None, failure),
         )
 
-    def _on_resolved(self, request: Request, scopes: RequestScopes, failure: Any = None) -> None:
+    def _on_resolved(
+        self, request: Request, scopes: RequestScopes, failure: Any = None
+    ) -> None:
         self._resolving -= 1
         self._size -= 1
         if failure is not None:
@@ -236,8 +320,11 @@ class ThrottlingAwarePriorityQueue:
         try:
             self._push_resolved(request, scopes)
         except ValueError:
-            logger.error("Could not queue %s after resolving its scopes", request, exc_info=True)
-            self.crawler.stats.inc_value("throttling/scheduler/dropped_count")  # type: ignore[union-attr]
+            logger.error(
+                "Could not queue %s after resolving its scopes", request, exc_info=True
+            )
+            if self.crawler.stats is not None:
+                self.crawler.stats.inc_value("throttling/scheduler/dropped_count")
             return
         self._wake_engine()
 
@@ -246,7 +333,12 @@ class ThrottlingAwarePriorityQueue:
         queue = entry.queue
         was_empty = not len(queue)
         old_prio = queue.curprio
-        queue.push(request)  # may raise ValueError (unserializable): nothing changed yet
+        try:
+            queue.push(request)  # ValueError if it cannot be serialised
+        except ValueError:
+            if was_empty:
+                self._remove(entry)
+            raise
         self._size += 1
         if was_empty:
             self._make_ready(entry)
@@ -292,7 +384,11 @@ class ThrottlingAwarePriorityQueue:
         head: Request | None = None
         if entry.needs_head:
             head = entry.queue.peek()
-            values = list(iter_scope_values(head.meta.get(RESOLVED_SCOPES_META_KEY))) if head is not None else []
+            values = (
+                list(iter_scope_values(head.meta.get(RESOLVED_SCOPES_META_KEY)))
+                if head is not None
+                else []
+            )
         else:
             values = [(scope, None) for scope in entry.scopes]
         if self._check is not None:
@@ -303,20 +399,33 @@ class ThrottlingAwarePriorityQueue:
             assert head is not None
             ready = self.throttler.is_ready(head)
             wait = 0.0 if ready else (self.throttler.get_time_until_ready(head) or 0.0)
-            blocked = None if ready or wait else (entry.scopes[0] if entry.scopes else None)
-        if wait > 0:
+            blocked = (
+                None if ready or wait else (entry.scopes[0] if entry.scopes else None)
+            )
+        request: Request | None
+        backfill = None
+        if (wait > 0 or blocked is not None) and head is not None and self._check:
+            backfill = self._backfill(entry, head, values, now)
+            if isinstance(backfill, str):
+                # Only quota and a full slot hold the head back: wait for the
+                # slot, after which a smaller request may fit.
+                wait, blocked, backfill = 0.0, backfill, None
+        if backfill is not None:
+            request, values = backfill
+        elif wait > 0:
             entry.state = _TIMED
             self._seq += 1
             entry.seq = self._seq
             heapq.heappush(self._timed, (now + wait, entry.seq, entry.key))
             self._pass_on(entry)
             return None
-        if blocked is not None:
+        elif blocked is not None:
             entry.state = _BLOCKED
             self._blocked.setdefault(blocked, deque()).append(entry.key)
             self._pass_on(entry, skip=blocked)
             return None
-        request = entry.queue.pop()
+        else:
+            request = entry.queue.pop()
         assert request is not None
         self._size -= 1
         if self._reserve is not None:
@@ -329,6 +438,35 @@ class ThrottlingAwarePriorityQueue:
             self._remove(entry)
         self._pass_on(entry)
         return request
+
+    def _backfill(
+        self, entry: _Entry, head: Request, head_values: ScopeValues, now: float
+    ) -> tuple[Request, ScopeValues] | ScopeID | None:
+        """Pop a request of *entry* that fits in what is left of its quotas,
+        when only quota holds its head back (no request waits behind a large
+        one); the head keeps its place for the next window.
+
+        Returns the popped request and its scope values, or the scope whose
+        concurrency also holds the head back (look again when it frees a
+        slot), or ``None``.
+        """
+        assert self._check is not None
+        wait, blocked = self._check([(scope, None) for scope, _ in head_values], now)
+        if wait > 0:
+            return None
+        if blocked is not None:
+            return blocked
+        queue = entry.queue
+        for priority, is_start, request in queue.iter_heads():
+            if request is head:
+                continue
+            values = list(iter_scope_values(request.meta.get(RESOLVED_SCOPES_META_KEY)))
+            wait, blocked = self._check(values, now)
+            if wait <= 0 and blocked is None:
+                popped = queue.pop_from(priority, is_start)
+                assert popped is request
+                return request, values
+        return None
 
     def _pass_on(self, entry: _Entry, skip: ScopeID | None = None) -> None:
         # A queue woken for a freed slot may not use it (another scope blocks
@@ -437,9 +575,12 @@ class ThrottlingAwarePriorityQueue:
             try:
                 self._push_resolved(request, resolved)
             except ValueError:
-                logger.error("Could not persist delayed request %s", request, exc_info=True)
+                logger.error(
+                    "Could not persist delayed request %s", request, exc_info=True
+                )
         state = {
-            json.dumps(entry.scopes): entry.queue.close() for entry in self._entries.values()
+            json.dumps(entry.scopes): entry.queue.close()
+            for entry in self._entries.values()
         }
         self._entries.clear()
         return state

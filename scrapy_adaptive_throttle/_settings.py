@@ -142,7 +142,9 @@ def _where(setting: str, scope: str | None, key: str | None) -> str:
 def _invalid(
     setting: str, scope: str | None, key: str | None, value: Any, expected: str
 ) -> ValueError:
-    return ValueError(f"Invalid {_where(setting, scope, key)} value {value!r}: {expected}")
+    return ValueError(
+        f"Invalid {_where(setting, scope, key)} value {value!r}: {expected}"
+    )
 
 
 def to_float(
@@ -165,7 +167,9 @@ def to_float(
         raise _invalid(setting, scope, key, value, "expected a finite number")
     if number < minimum or (exclusive_minimum and number == minimum):
         bound = ">" if exclusive_minimum else ">="
-        raise _invalid(setting, scope, key, value, f"expected a number {bound} {minimum}")
+        raise _invalid(
+            setting, scope, key, value, f"expected a number {bound} {minimum}"
+        )
     return number
 
 
@@ -227,9 +231,15 @@ def to_jitter(
     """
     if isinstance(value, bool):
         if not allow_bool:
-            raise _invalid(setting, scope, key, value, "expected a number or [low, high]")
+            raise _invalid(
+                setting, scope, key, value, "expected a number or [low, high]"
+            )
         return (-0.5, 0.5) if value else (0.0, 0.0)
-    if isinstance(value, str) and allow_bool and value.strip().lower() in {"true", "false"}:
+    if (
+        isinstance(value, str)
+        and allow_bool
+        and value.strip().lower() in {"true", "false"}
+    ):
         return (-0.5, 0.5) if value.strip().lower() == "true" else (0.0, 0.0)
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) != 2:
@@ -241,7 +251,9 @@ def to_jitter(
         return (low, high)
     magnitude = to_float(value, setting, scope=scope, key=key)
     if magnitude > 1:
-        raise _invalid(setting, scope, key, value, "expected a fraction between 0 and 1")
+        raise _invalid(
+            setting, scope, key, value, "expected a fraction between 0 and 1"
+        )
     return (-magnitude, magnitude)
 
 
@@ -251,7 +263,9 @@ def to_target(
     """Return a rampup backoff target as a ``(low, high)`` range."""
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) != 2:
-            raise _invalid(setting, scope, key, value, "expected a number or [low, high]")
+            raise _invalid(
+                setting, scope, key, value, "expected a number or [low, high]"
+            )
         low = to_float(value[0], setting, scope=scope, key=key)
         high = to_float(value[1], setting, scope=scope, key=key)
         if low > high:
@@ -272,7 +286,9 @@ def to_class(
     try:
         loaded = load_object(value)
     except (ImportError, NameError, ValueError, AttributeError) as exc:
-        raise _invalid(setting, scope, key, value, f"cannot import it ({exc})") from None
+        raise _invalid(
+            setting, scope, key, value, f"cannot import it ({exc})"
+        ) from None
     if not isinstance(loaded, type):
         raise _invalid(setting, scope, key, value, "it is not a class")
     return loaded
@@ -283,7 +299,9 @@ def to_exceptions(
 ) -> tuple[type[BaseException], ...]:
     """Load a list of exception classes (classes or import paths)."""
     if isinstance(value, str) or not isinstance(value, Sequence | set | frozenset):
-        raise _invalid(setting, scope, key, value, "expected a list of exception classes")
+        raise _invalid(
+            setting, scope, key, value, "expected a list of exception classes"
+        )
     classes: list[type[BaseException]] = []
     for item in value:
         cls = to_class(item, setting, scope=scope, key=key)
@@ -298,7 +316,9 @@ def to_codes(
 ) -> frozenset[int]:
     """Load a list of HTTP status codes."""
     if isinstance(value, str) or not isinstance(value, Sequence | set | frozenset):
-        raise _invalid(setting, scope, key, value, "expected a list of HTTP status codes")
+        raise _invalid(
+            setting, scope, key, value, "expected a list of HTTP status codes"
+        )
     codes = set()
     for item in value:
         code = to_int(item, setting, scope=scope, key=key, minimum=100)
@@ -408,7 +428,9 @@ class ThrottlingSettings:
                 f"Invalid BACKOFF_MIN_DELAY value {backoff.min_delay!r}: it exceeds "
                 f"BACKOFF_MAX_DELAY ({backoff.max_delay!r})"
             )
-        rampup_target = to_target(read.raw("RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET")
+        rampup_target = to_target(
+            read.raw("RAMPUP_BACKOFF_TARGET"), "RAMPUP_BACKOFF_TARGET"
+        )
         tolerance = to_float(
             read.raw("THROTTLING_LATENCY_TOLERANCE"),
             "THROTTLING_LATENCY_TOLERANCE",
@@ -443,24 +465,34 @@ class ThrottlingSettings:
             latency_window=latency_window,
             initial=initial,
         )
-        defaults = {kind: common.resolve(kind, None, {}) for kind in ("domain", "ip", "other")}
+        defaults = {
+            kind: common.resolve(kind, None, {}) for kind in ("domain", "ip", "other")
+        }
         raw_scopes = read.raw("THROTTLING_SCOPES")
         if isinstance(raw_scopes, BaseSettings):
             raw_scopes = raw_scopes.copy_to_dict()
         if not isinstance(raw_scopes, Mapping):
-            raise _invalid("THROTTLING_SCOPES", None, None, raw_scopes, "expected a dict")
+            raise _invalid(
+                "THROTTLING_SCOPES", None, None, raw_scopes, "expected a dict"
+            )
         scopes: dict[str, ScopeSettings] = {}
         for scope_id, config in raw_scopes.items():
             if not isinstance(scope_id, str) or not scope_id:
                 raise _invalid(
-                    "THROTTLING_SCOPES", None, None, scope_id, "scope ids must be non-empty strings"
+                    "THROTTLING_SCOPES",
+                    None,
+                    None,
+                    scope_id,
+                    "scope ids must be non-empty strings",
                 )
             if not isinstance(config, Mapping):
                 raise ValueError(
                     f"Invalid THROTTLING_SCOPES[{scope_id!r}] value {config!r}: "
                     "expected a dict of scope settings"
                 )
-            scopes[scope_id] = common.resolve(classify_scope(scope_id), scope_id, config)
+            scopes[scope_id] = common.resolve(
+                classify_scope(scope_id), scope_id, config
+            )
         user_agent = read.raw("ROBOTSTXT_USER_AGENT") or read.raw("USER_AGENT") or ""
         return cls(
             manager_cls=to_class(read.raw("THROTTLING_MANAGER"), "THROTTLING_MANAGER"),
@@ -469,21 +501,29 @@ class ThrottlingSettings:
             ),
             window=window,
             scope_concurrency=scope_concurrency,
-            scope_limit=to_int(read.raw("THROTTLING_SCOPE_LIMIT"), "THROTTLING_SCOPE_LIMIT"),
+            scope_limit=to_int(
+                read.raw("THROTTLING_SCOPE_LIMIT"), "THROTTLING_SCOPE_LIMIT"
+            ),
             scope_max_idle=to_float(
                 read.raw("THROTTLING_SCOPE_MAX_IDLE"), "THROTTLING_SCOPE_MAX_IDLE"
             ),
-            robotstxt_obey=to_bool(read.raw("ROBOTSTXT_OBEY") or False, "ROBOTSTXT_OBEY")
-            and to_bool(read.raw("THROTTLING_ROBOTSTXT_OBEY"), "THROTTLING_ROBOTSTXT_OBEY"),
+            robotstxt_obey=to_bool(
+                read.raw("ROBOTSTXT_OBEY") or False, "ROBOTSTXT_OBEY"
+            )
+            and to_bool(
+                read.raw("THROTTLING_ROBOTSTXT_OBEY"), "THROTTLING_ROBOTSTXT_OBEY"
+            ),
             robotstxt_max_delay=to_float(
-                read.raw("THROTTLING_ROBOTSTXT_MAX_DELAY"), "THROTTLING_ROBOTSTXT_MAX_DELAY"
+                read.raw("THROTTLING_ROBOTSTXT_MAX_DELAY"),
+                "THROTTLING_ROBOTSTXT_MAX_DELAY",
             ),
             debug=to_bool(read.raw("THROTTLING_DEBUG"), "THROTTLING_DEBUG"),
             total_concurrency=total,
             domain_concurrency=domain,
             ip_concurrency=ip,
             warn_threshold=to_int(
-                read.raw("DELAYED_REQUESTS_WARN_THRESHOLD"), "DELAYED_REQUESTS_WARN_THRESHOLD"
+                read.raw("DELAYED_REQUESTS_WARN_THRESHOLD"),
+                "DELAYED_REQUESTS_WARN_THRESHOLD",
             ),
             user_agent=str(user_agent),
             defaults=defaults,
@@ -518,7 +558,9 @@ def _default_jitter(read: _Reader) -> JitterRange:
     # (True) means the same ±50% as DOWNLOAD_DELAY_JITTER's default (0.5).
     if read.is_set_above_default("RANDOMIZE_DOWNLOAD_DELAY"):
         return to_jitter(
-            read.raw("RANDOMIZE_DOWNLOAD_DELAY"), "RANDOMIZE_DOWNLOAD_DELAY", allow_bool=True
+            read.raw("RANDOMIZE_DOWNLOAD_DELAY"),
+            "RANDOMIZE_DOWNLOAD_DELAY",
+            allow_bool=True,
         )
     value = read.raw("DOWNLOAD_DELAY_JITTER")
     return to_jitter(0.5 if value is None else value, "DOWNLOAD_DELAY_JITTER")
@@ -549,14 +591,17 @@ class _Common:
             return self.domain
         return self.scope_concurrency
 
-    def resolve(self, kind: str, scope: str | None, config: Mapping[str, Any]) -> ScopeSettings:
+    def resolve(
+        self, kind: str, scope: str | None, config: Mapping[str, Any]
+    ) -> ScopeSettings:
         setting = "THROTTLING_SCOPES"
         unknown = set(config) - SCOPE_KEYS - {"id"}
         if unknown:
             name = sorted(unknown)[0]
             raise ValueError(
                 f"Unknown key {name!r} in THROTTLING_SCOPES[{scope!r}] "
-                f"(value {config[name]!r}); accepted keys: {', '.join(sorted(SCOPE_KEYS))}"
+                f"(value {config[name]!r}); accepted keys: "
+                f"{', '.join(sorted(SCOPE_KEYS))}"
             )
 
         def number(key: str, default: float, **kwargs: Any) -> float:
@@ -575,7 +620,8 @@ class _Common:
         if concurrency and min_concurrency > concurrency:
             raise ValueError(
                 f"Invalid THROTTLING_SCOPES[{scope!r}]['min_concurrency'] value "
-                f"{min_concurrency!r}: it exceeds the scope's concurrency ({concurrency})"
+                f"{min_concurrency!r}: it exceeds the scope's concurrency "
+                f"({concurrency})"
             )
         jitter = self.jitter
         if config.get("jitter") is not None:
@@ -590,7 +636,12 @@ class _Common:
             manager = to_class(config["manager"], setting, scope=scope, key="manager")
         ignore = False
         if config.get("ignore_robots_txt") is not None:
-            ignore = to_bool(config["ignore_robots_txt"], setting, scope=scope, key="ignore_robots_txt")
+            ignore = to_bool(
+                config["ignore_robots_txt"],
+                setting,
+                scope=scope,
+                key="ignore_robots_txt",
+            )
         initial = integer("initial_concurrency", self.initial, minimum=1)
         return ScopeSettings(
             kind=kind,
@@ -623,7 +674,9 @@ class _Common:
         if value is True:
             return RampupSettings(target=self.rampup_target)
         if not isinstance(value, Mapping):
-            raise _invalid(setting, scope, "rampup", value, "expected True, False or a dict")
+            raise _invalid(
+                setting, scope, "rampup", value, "expected True, False or a dict"
+            )
         unknown = set(value) - RAMPUP_KEYS
         if unknown:
             raise _invalid(
@@ -631,16 +684,27 @@ class _Common:
                 scope,
                 "rampup",
                 value,
-                f"unknown key {sorted(unknown)[0]!r}; accepted: {', '.join(sorted(RAMPUP_KEYS))}",
+                f"unknown key {sorted(unknown)[0]!r}; "
+                f"accepted: {', '.join(sorted(RAMPUP_KEYS))}",
             )
         target = self.rampup_target
         if value.get("backoff_target") is not None:
-            target = to_target(value["backoff_target"], setting, scope=scope, key="rampup")
+            target = to_target(
+                value["backoff_target"], setting, scope=scope, key="rampup"
+            )
         factor = 0.5
         if value.get("delay_factor") is not None:
-            factor = to_float(value["delay_factor"], setting, scope=scope, key="rampup", exclusive_minimum=True)
+            factor = to_float(
+                value["delay_factor"],
+                setting,
+                scope=scope,
+                key="rampup",
+                exclusive_minimum=True,
+            )
             if factor >= 1:
-                raise _invalid(setting, scope, "rampup", value, "delay_factor must be below 1")
+                raise _invalid(
+                    setting, scope, "rampup", value, "delay_factor must be below 1"
+                )
         min_delay = 0.0
         if value.get("min_delay") is not None:
             min_delay = to_float(value["min_delay"], setting, scope=scope, key="rampup")
@@ -661,24 +725,33 @@ class _Common:
                 scope,
                 "backoff",
                 value,
-                f"unknown key {sorted(unknown)[0]!r}; accepted: {', '.join(sorted(BACKOFF_KEYS))}",
+                f"unknown key {sorted(unknown)[0]!r}; "
+                f"accepted: {', '.join(sorted(BACKOFF_KEYS))}",
             )
         policy = self.backoff
         changes: dict[str, Any] = {}
         if value.get("delay_factor") is not None:
-            changes["delay_factor"] = to_float(value["delay_factor"], setting, scope=scope, key="backoff", minimum=1.0)
+            changes["delay_factor"] = to_float(
+                value["delay_factor"], setting, scope=scope, key="backoff", minimum=1.0
+            )
         for key in ("min_delay", "max_delay"):
             if value.get(key) is not None:
                 changes[key] = to_float(value[key], setting, scope=scope, key="backoff")
         if value.get("jitter") is not None:
-            changes["jitter"] = to_jitter(value["jitter"], setting, scope=scope, key="backoff")
+            changes["jitter"] = to_jitter(
+                value["jitter"], setting, scope=scope, key="backoff"
+            )
         policy = replace(policy, **changes)
         if policy.min_delay > policy.max_delay:
-            raise _invalid(setting, scope, "backoff", value, "min_delay exceeds max_delay")
+            raise _invalid(
+                setting, scope, "backoff", value, "min_delay exceeds max_delay"
+            )
         codes = self.http_codes
         if value.get("http_codes") is not None:
             codes = to_codes(value["http_codes"], setting, scope=scope, key="backoff")
         exceptions = self.exceptions
         if value.get("exceptions") is not None:
-            exceptions = to_exceptions(value["exceptions"], setting, scope=scope, key="backoff")
+            exceptions = to_exceptions(
+                value["exceptions"], setting, scope=scope, key="backoff"
+            )
         return policy, codes, exceptions

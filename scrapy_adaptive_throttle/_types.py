@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -42,11 +42,11 @@ class BackoffScopeData(TypedDict):
 
 #: Scopes of a request: none, one, several, or a dict of scope → expected
 #: quota consumption (``None`` for no quota amount).
-RequestScopes = Union[None, ScopeID, Iterable[ScopeID], dict[ScopeID, Union[float, None]]]
+RequestScopes = None | ScopeID | Iterable[ScopeID] | dict[ScopeID, float | None]
 
 #: What the backoff hooks return: bare scopes mean "this scope is exhausted"
 #: (one exponential backoff step); a dict gives details per scope.
-BackoffData = Union[None, ScopeID, Iterable[ScopeID], dict[ScopeID, BackoffScopeData]]
+BackoffData = None | ScopeID | Iterable[ScopeID] | dict[ScopeID, BackoffScopeData]
 
 
 class BackoffConfig(TypedDict, total=False):
@@ -117,10 +117,10 @@ class ThrottlingManagerProtocol(Protocol):
         """Return whether *request* could be sent right now (non-blocking)."""
 
     def reserve(self, request: Request) -> None:
-        """Record *request* as sent on every scope; a later acquire() returns at once."""
+        """Record *request* as sent; a later :meth:`acquire` returns at once."""
 
     def get_time_until_ready(self, request: Request) -> float | None:
-        """Seconds until every time gate of *request* opens; ``None`` if none is closed."""
+        """Seconds until every time gate of *request* opens (``None``: open)."""
 
     def get_slot_key(self, request: Request) -> str:
         """A single string for the scopes of *request* (sorted ids joined by ``+``)."""
@@ -132,7 +132,7 @@ class ThrottlingManagerProtocol(Protocol):
         """Remaining ``throttling_delay`` of *request* (0.0 if none)."""
 
     def delay_scope(self, scope_id: ScopeID, delay: float) -> None:
-        """Hold back a scope for at least *delay* seconds (a trusted backoff trigger)."""
+        """Hold back a scope for at least *delay* seconds (a backoff trigger)."""
 
     def get_scope_delay(self, scope_id: ScopeID) -> float:
         """Return the base (non-backoff) delay of a scope."""
@@ -143,7 +143,9 @@ class ThrottlingManagerProtocol(Protocol):
     async def process_response(self, response: Response) -> None:
         """Update throttling state from a response."""
 
-    async def process_exception(self, request: Request, exception: BaseException) -> None:
+    async def process_exception(
+        self, request: Request, exception: BaseException
+    ) -> None:
         """Update throttling state from a download exception."""
 
 
@@ -161,7 +163,9 @@ class ThrottlingScopeManagerProtocol(Protocol):
     def can_send(self, now: float | None = None, amount: float | None = None) -> float:
         """Seconds to wait before a request consuming *amount* may be sent (0 = now)."""
 
-    def record_sent(self, now: float | None = None, amount: float | None = None) -> None:
+    def record_sent(
+        self, now: float | None = None, amount: float | None = None
+    ) -> None:
         """Record that a request was sent, consuming *amount* of quota."""
 
     def record_done(self, now: float | None = None) -> None:
@@ -178,7 +182,7 @@ class ThrottlingScopeManagerProtocol(Protocol):
         remaining: float | None = None,
         now: float | None = None,
     ) -> None:
-        """Correct the quota estimate with an actual delta or a server-reported remainder."""
+        """Correct the quota estimate (actual delta, or server-reported rest)."""
 
     def get_base_delay(self) -> float:
         """Return the base (non-backoff) delay."""
@@ -274,7 +278,9 @@ def add_scope(
         return _add_bare_scope(scopes, scope, lambda: None)  # type: ignore[no-any-return]
     result = _to_scope_dict(scopes, lambda: None)
     if result.get(scope) is not None:
-        raise TypeError(f"Scope {scope!r} already has a quota amount: {result[scope]!r}")
+        raise TypeError(
+            f"Scope {scope!r} already has a quota amount: {result[scope]!r}"
+        )
     result[scope] = value
     return result
 

@@ -56,7 +56,7 @@ def get_throttler(crawler: Crawler) -> Any:
     if hasattr(cls, "acquire"):
         throttler = build_from_crawler(cls, crawler)
     else:
-        from ._manager import ThrottlingManager  # noqa: PLC0415
+        from ._manager import ThrottlingManager
 
         throttler = _with_resolver(ThrottlingManager, cls, crawler)
     crawler.throttler = throttler  # type: ignore[attr-defined]
@@ -65,13 +65,15 @@ def get_throttler(crawler: Crawler) -> Any:
 
 
 def _with_resolver(base: type, resolver_cls: type, crawler: Crawler) -> Any:
-    resolver = build_from_crawler(resolver_cls, crawler) if hasattr(
-        resolver_cls, "from_crawler"
-    ) else resolver_cls()
+    resolver = (
+        build_from_crawler(resolver_cls, crawler)
+        if hasattr(resolver_cls, "from_crawler")
+        else resolver_cls()
+    )
     namespace: dict[str, Any] = {}
     if hasattr(resolver, "get_request_scopes"):
-        namespace["get_request_scopes"] = lambda self, request: resolver.get_request_scopes(
-            request
+        namespace["get_request_scopes"] = lambda self, request: (
+            resolver.get_request_scopes(request)
         )
     elif hasattr(resolver, "get_scopes"):
 
@@ -127,7 +129,9 @@ class ThrottlingDownloader(Downloader):
             )
             self.per_slot_settings = {}
 
-    def _get_slot(self, request: Request, spider: Spider | None = None) -> tuple[str, Slot]:
+    def _get_slot(
+        self, request: Request, spider: Spider | None = None
+    ) -> tuple[str, Slot]:
         key = self.get_slot_key(request)
         slot = self.slots.get(key)
         if slot is None:
@@ -143,7 +147,7 @@ class ThrottlingDownloader(Downloader):
         return key
 
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Any]:
-        from scrapy.utils.defer import deferred_from_coro  # noqa: PLC0415
+        from scrapy.utils.defer import deferred_from_coro
 
         return deferred_from_coro(self._fetch(request))
 
@@ -159,9 +163,11 @@ class ThrottlingDownloader(Downloader):
 class ThrottlingDownloaderMiddleware:
     """The throttling gate and the source of backoff and latency samples.
 
-    Placed after RobotsTxtMiddleware and HttpCacheMiddleware (so cache hits
-    and robots.txt never wait), and before RetryMiddleware in the response
-    chain (so a retried 429 still slows its scope down).
+    Placed after RobotsTxtMiddleware and HttpCacheMiddleware in the request
+    chain (a cache hit or a request disallowed by robots.txt never waits at
+    this gate, and cached responses never trigger backoff), and before
+    RetryMiddleware and RedirectMiddleware in the response chain (a retried
+    429 still slows its scope down).
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -169,10 +175,13 @@ class ThrottlingDownloaderMiddleware:
         self.throttler = get_throttler(crawler)
         downloader = crawler.settings.get("DOWNLOADER")
         if isinstance(downloader, str):
-            from scrapy.utils.misc import load_object  # noqa: PLC0415
+            from scrapy.utils.misc import load_object
 
             downloader = load_object(downloader)
-        if not (isinstance(downloader, type) and issubclass(downloader, ThrottlingDownloader)):
+        if not (
+            isinstance(downloader, type)
+            and issubclass(downloader, ThrottlingDownloader)
+        ):
             raise ValueError(
                 f"Invalid DOWNLOADER value {crawler.settings.get('DOWNLOADER')!r}: "
                 "scrapy-adaptive-throttle needs "

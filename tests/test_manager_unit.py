@@ -26,9 +26,13 @@ class FakeClock:
         return self.now
 
 
-def scope_manager(scope: str = "example.com", **settings: Any) -> ThrottlingScopeManager:
+def scope_manager(
+    scope: str = "example.com", **settings: Any
+) -> ThrottlingScopeManager:
     crawler = get_crawler(settings_dict={"DOWNLOAD_DELAY_JITTER": 0, **settings})
-    return ThrottlingScopeManager(crawler, {"id": scope, **settings.get("THROTTLING_SCOPES", {}).get(scope, {})})
+    return ThrottlingScopeManager(
+        crawler, {"id": scope, **settings.get("THROTTLING_SCOPES", {}).get(scope, {})}
+    )
 
 
 def manager(**settings: Any) -> tuple[ThrottlingManager, FakeClock]:
@@ -156,7 +160,7 @@ def test_check_and_reserve_with_several_scopes() -> None:
 
 
 def test_release_notifies_listeners_per_scope() -> None:
-    throttler, clock = manager()
+    throttler, _ = manager()
     seen: list[str] = []
     throttler.add_release_listener(seen.append)
     request = Request("https://example.com/", meta={"throttling_scopes": ["a", "b"]})
@@ -178,7 +182,7 @@ def test_delay_scope_and_scope_delay() -> None:
 
 
 def test_lru_eviction_keeps_busy_scopes() -> None:
-    throttler, clock = manager(THROTTLING_SCOPE_LIMIT=3)
+    throttler, _ = manager(THROTTLING_SCOPE_LIMIT=3)
     busy = Request("https://busy.example/")
     throttler.reserve(busy)
     for index in range(10):
@@ -220,4 +224,6 @@ def test_scope_helpers_follow_the_reference_semantics() -> None:
         add_scope({"a": 1.0}, "a", 2.0)
     assert update_scope_backoff(None, "a") == "a"
     assert update_scope_backoff("a", "b", delay=2.0) == {"a": {}, "b": {"delay": 2.0}}
-    assert update_scope_backoff({"c": {}}, "c", consumed=-1.5) == {"c": {"consumed": -1.5}}
+    assert update_scope_backoff({"c": {}}, "c", consumed=-1.5) == {
+        "c": {"consumed": -1.5}
+    }

@@ -42,7 +42,9 @@ def drain(queue: ThrottlingAwarePriorityQueue) -> list[Request]:
 
 
 def test_pop_respects_concurrency_and_release_wakes_the_scope() -> None:
-    queue, throttler, _ = make_queue(THROTTLING_SCOPES={"a.example": {"concurrency": 2}})
+    queue, throttler, _ = make_queue(
+        THROTTLING_SCOPES={"a.example": {"concurrency": 2}}
+    )
     for index in range(5):
         queue.push(req(f"http://a.example/{index}"))
     assert len(queue) == 5
@@ -55,7 +57,9 @@ def test_pop_respects_concurrency_and_release_wakes_the_scope() -> None:
 
 
 def test_a_time_blocked_scope_does_not_block_others() -> None:
-    queue, throttler, clock = make_queue(THROTTLING_SCOPES={"slow.example": {"delay": 10}})
+    queue, _, clock = make_queue(
+        THROTTLING_SCOPES={"slow.example": {"delay": 10}}
+    )
     for index in range(3):
         queue.push(req(f"http://slow.example/{index}"))
     for index in range(3):
@@ -69,7 +73,7 @@ def test_a_time_blocked_scope_does_not_block_others() -> None:
 
 
 def test_priority_first_then_round_robin_across_scopes() -> None:
-    queue, throttler, _ = make_queue(CONCURRENT_REQUESTS_PER_DOMAIN=100)
+    queue, _, _ = make_queue(CONCURRENT_REQUESTS_PER_DOMAIN=100)
     for index in range(2):
         queue.push(req(f"http://a.example/{index}"))
         queue.push(req(f"http://b.example/{index}"))
@@ -100,7 +104,7 @@ def test_freed_slot_is_passed_on_when_the_woken_queue_cannot_use_it() -> None:
 
 
 def test_throttling_delay_holds_only_that_request() -> None:
-    queue, throttler, clock = make_queue()
+    queue, _, _ = make_queue()
     held = req("http://a.example/held", meta={"throttling_delay": 0.05})
     queue.push(held)
     queue.push(req("http://a.example/other"))
@@ -114,7 +118,7 @@ def test_throttling_delay_holds_only_that_request() -> None:
 
 
 def test_queues_are_keyed_by_scope_set() -> None:
-    queue, throttler, _ = make_queue()
+    queue, _, _ = make_queue()
     queue.push(req("http://a.example/1", meta={"throttling_scopes": "custom"}))
     queue.push(req("http://a.example/2", meta={"throttling_scopes": ["y", "x"]}))
     assert ["custom"] in queue
