@@ -43,7 +43,9 @@ value is the full count that caused the shedding), ``status`` is what was sent
 seconds between arrival and answer as measured by the server.
 
 Control endpoints on every port, never recorded and never limited:
-``/_stats`` (JSON), ``/_reset`` and ``/_config``.
+``/_stats`` (JSON: ``name``, ``kind``, ``arrivals``, ``max_concurrency``,
+``status_counts``, ``requests``, ``first_arrival_epoch`` and ``connections``,
+the TCP connections accepted), ``/_reset`` and ``/_config``.
 
 Run it as ``python -m bench.simhosts --config hosts.json`` (or ``--config -``
 to read one JSON line from stdin); the process prints ``{"ports": {name:
@@ -180,6 +182,7 @@ class Host:
 
     def reset(self) -> None:
         self.records: list[list[Any]] = []
+        self.connections = 0
         self.start_monotonic: float | None = None
         self.first_arrival_epoch: float | None = None
         self.max_concurrency = 0
@@ -200,6 +203,7 @@ class Host:
             "status_counts": {str(k): v for k, v in self.status_counts.items()},
             "requests": len(self.records),
             "first_arrival_epoch": self.first_arrival_epoch,
+            "connections": self.connections,
         }
 
     def held(self) -> int:
@@ -411,12 +415,17 @@ class HostResource(Resource):
 
 
 class QuietSite(Site):
-    """A Site without access log: formatting a log line per request would cost
-    more than serving the request."""
+    """A Site without access log (formatting a log line per request would cost
+    more than serving the request) that counts its connections."""
 
-    def __init__(self, resource: Resource) -> None:
+    def __init__(self, resource: HostResource) -> None:
         super().__init__(resource)  # type: ignore[no-untyped-call]
         self.displayTracebacks = False
+        self.host = resource.host
+
+    def buildProtocol(self, addr: Any) -> Any:
+        self.host.connections += 1
+        return super().buildProtocol(addr)  # type: ignore[no-untyped-call]
 
     def log(self, request: Any) -> None:
         pass

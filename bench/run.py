@@ -1,0 +1,1006 @@
+"""Benchmark runner: ``python -m bench.run [--scenario NAME] [--quick] ...``.
+
+Reproduces the scenario of the guide "Adapting Crawl Rate to Host Latency"
+(``shared/reference/000_*``) for the figures of SPEC.md section 4: simulated
+hosts (:mod:`bench.simhosts`) crawled by Scrapy under several configurations,
+each compared with the host's capacity as actually measured on this machine by
+a raw client (the ``probe`` configuration, :mod:`bench.probe`): with 2 cores
+shared by the server and the crawler, the nominal capacity (workers / service
+time) is not reachable, so ratios are taken to the probed one.
+
+Every configuration run gets a fresh server and a fresh crawl process
+(:mod:`bench.crawl`), and runs alone: on 2 cores, parallel runs would measure
+each other. A run whose crawl fails (e.g. the plugin is half-written) is
+reported as ``FAILED: <last lines of stderr>`` and the benchmark goes on;
+requests that end in errors (lost pages) are listed under the table.
+
+Scenarios (``--scenario``, default ``all``): ``two-hosts`` (A = 8 workers x
+20 ms and B = 2 x 50 ms, queue 16, 503 + Retry-After: 1 when full; 2000 + 300
+pages), ``slowdown`` (A at 80 ms during host-seconds 3-6; throughput during
+the slowdown over the capacity probed at 80 ms, and the time after t=6 until a
+0.25 s bucket is back to 0.9 of full capacity), ``unthrottled`` (a fast
+unlimited host, plain Scrapy vs the plugin at CONCURRENT_REQUESTS=16 and
+CONCURRENT_REQUESTS_PER_DOMAIN=16), ``ratelimit`` (429 + Retry-After past 50
+requests/s; 429s per 2 s window).
+
+Choices worth knowing:
+
+* every crawl is capped in time (CLOSESPIDER_TIMEOUT: ``max_seconds``, or
+  ``quick_max_seconds`` with ``--quick``); a capped run reports pages/s over
+  the pages it fetched, and says so under the table;
+* ``autothrottle`` uses Scrapy's defaults except AUTOTHROTTLE_START_DELAY =
+  0.05 s (the default 5 s would take most of a short run to converge);
+* without the plugin, each host gets its own Scrapy download slot
+  (``download_slot`` = host:port), as distinct sites would: Scrapy keys slots
+  by hostname and all simulated hosts are 127.0.0.1;
+* fixed limits go through the plugin, since Scrapy 2.19 on the asyncio
+  reactor does not enforce CONCURRENT_REQUESTS_PER_DOMAIN.
+
+Output: one table per scenario on stdout (progress on stderr),
+``<out>/results-<scenario>.json`` (every run, with timelines and the servers'
+records) and ``<out>/<scenario>.png`` (per host: concurrency limit and pages/s
+over host-time, one line per configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import scrapy
+import twisted
+
+from bench.probe import probe_async
+from bench.simhosts import SimHosts
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+BUCKET_SECONDS = 0.25
+SETTLED_FRACTION = 0.3  # settled limit: median over the last 30% of a host's crawl
+PROBE_SECONDS = 2.5  # how long each probe runs (1.5 s with --quick)
+PROBE_UNLIMITED_CONCURRENCY = 32
+
+# --------------------------------------------------------------------------
+# Configurations: Scrapy settings over bench.crawl.CRAWL_BASE_SETTINGS.
+# --------------------------------------------------------------------------
+
+ADDON = {"scrapy_adaptive_throttle.Addon": 500}
+PLAIN_SCOPE_MANAGER = "scrapy_adaptive_throttle.ThrottlingScopeManager"
+LATENCY_SCOPE_MANAGER = "scrapy_adaptive_throttle.LatencyScopeManager"
+
+Settings = dict[str, Any]
+# A configuration is its settings, or a function of the hosts' netlocs
+# ({name: "127.0.0.1:PORT"}) for settings that name scopes.
+ConfigSpec = Settings | Callable[[dict[str, str]], Settings]
+
+
+def _fixed(limit: int) -> Settings:
+    return {
+        "ADDONS": ADDON,
+        "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": limit,
+    }
+
+
+def _latency(tolerance: float) -> Settings:
+    return {
+        "ADDONS": ADDON,
+        "THROTTLING_SCOPE_MANAGER": LATENCY_SCOPE_MANAGER,
+        "THROTTLING_LATENCY_TOLERANCE": tolerance,
+        # The ceiling the adaptive limit may grow to.
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 64,
+    }
+
+
+def _rampup(netlocs: dict[str, str]) -> Settings:
+    return {
+        "ADDONS": ADDON,
+        "THROTTLING_SCOPES": {netloc: {"rampup": True} for netloc in netlocs.values()},
+        "BACKOFF_WINDOW": 2.0,
+    }
+
+
+CONFIGS: dict[str, ConfigSpec] = {
+    # Fixed limits go through the plugin: Scrapy 2.19 on the asyncio reactor
+    # does not enforce CONCURRENT_REQUESTS_PER_DOMAIN (its download slots let
+    # every queued request through at once).
+    "fixed-2": _fixed(2),
+    "fixed-32": _fixed(32),
+    # Scrapy's AutoThrottle with its defaults (target concurrency 1.0), except
+    # the start delay: the default 5 s would spend most of a short benchmark
+    # converging; 0.05 s (host B's service time) starts polite without a burst.
+    "autothrottle": {
+        "AUTOTHROTTLE_ENABLED": True,
+        "AUTOTHROTTLE_START_DELAY": 0.05,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+    },
+    "plain-scope-manager": {
+        "ADDONS": ADDON,
+        "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
+    },
+    "latency-1.5": _latency(1.5),
+    "latency-2.0": _latency(2.0),
+    "plain-scrapy": {},
+    "rampup": _rampup,
+    "probe": {},  # not a crawl: see run_probe()
+}
+
+
+def uses_plugin(settings: Settings) -> bool:
+    return any(
+        "scrapy_adaptive_throttle" in str(key) for key in settings.get("ADDONS", {})
+    )
+
+
+# --------------------------------------------------------------------------
+# Scenarios
+# --------------------------------------------------------------------------
+
+HOST_A = {
+    "name": "A",
+    "kind": "queue",
+    "workers": 8,
+    "service_time": 0.02,
+    "queue_size": 16,
+}
+HOST_B = {
+    "name": "B",
+    "kind": "queue",
+    "workers": 2,
+    "service_time": 0.05,
+    "queue_size": 16,
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    hosts: list[dict[str, Any]]
+    pages: dict[str, int]
+    quick_pages: dict[str, int]
+    configs: list[str]
+    quick_configs: list[str]
+    #: Settings over every configuration's, e.g. the latency window.
+    settings: Settings = field(default_factory=dict)
+    #: Each crawl is closed after this long (CLOSESPIDER_TIMEOUT): a safety cap
+    #: for slow configurations, and the scenario length for time-based ones.
+    max_seconds: float = 120.0
+    quick_max_seconds: float = 8.0
+    #: Extra capacities to probe: label -> host config (probed alone).
+    probe_variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: What the "ratio" column divides by: "capacity" or a configuration name.
+    ratio_to: str = "capacity"
+    #: Host-time interval of a slowdown, and the probe label of the capacity
+    #: during it: adds the throughput during it and the recovery time after.
+    slowdown: tuple[float, float] | None = None
+    slowdown_capacity: str | None = None
+    #: Count 429 answers per window of this many seconds (rate-limit scenario).
+    count_429_window: float | None = None
+    #: Printed under the table.
+    note: str = ""
+
+
+SCENARIOS: dict[str, Scenario] = {
+    scenario.name: scenario
+    for scenario in [
+        Scenario(
+            name="two-hosts",
+            description="A (8 workers x 20 ms) and B (2 x 50 ms) crawled together",
+            hosts=[HOST_A, HOST_B],
+            pages={"A": 2000, "B": 300},
+            quick_pages={"A": 600, "B": 100},
+            configs=[
+                "probe",
+                "fixed-2",
+                "fixed-32",
+                "autothrottle",
+                "plain-scope-manager",
+                "latency-1.5",
+                "latency-2.0",
+            ],
+            quick_configs=[
+                "probe",
+                "fixed-2",
+                "fixed-32",
+                "autothrottle",
+                "plain-scope-manager",
+                "latency-1.5",
+                "latency-2.0",
+            ],
+        ),
+        Scenario(
+            name="slowdown",
+            description="A slows from 20 to 80 ms per page for host-seconds 3-6",
+            hosts=[{**HOST_A, "schedule": [[3.0, 6.0, 0.08]]}],
+            # ~12 s at capacity: 3 s x 400 + 3 s x 100 + 6 s x 400.
+            pages={"A": 3900},
+            quick_pages={"A": 2600},
+            configs=["probe", "fixed-32", "autothrottle", "latency-1.5", "latency-2.0"],
+            quick_configs=["probe", "fixed-32", "latency-1.5"],
+            # A short window, as in the guide, so the baseline can follow the
+            # slowdown within the 3-second episode.
+            settings={"THROTTLING_LATENCY_WINDOW": 1.0},
+            max_seconds=20.0,
+            quick_max_seconds=10.0,
+            probe_variants={"A@80ms": {**HOST_A, "service_time": 0.08}},
+            slowdown=(3.0, 6.0),
+            slowdown_capacity="A@80ms",
+        ),
+        Scenario(
+            name="unthrottled",
+            description="one fast unlimited host: plugin overhead at equal concurrency",
+            hosts=[{"name": "U", "kind": "unlimited", "service_time": 0.001}],
+            pages={"U": 3000},
+            quick_pages={"U": 1000},
+            configs=["probe", "plain-scrapy", "plain-scope-manager"],
+            quick_configs=["probe", "plain-scrapy", "plain-scope-manager"],
+            settings={"CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16},
+            ratio_to="plain-scrapy",
+        ),
+        Scenario(
+            name="ratelimit",
+            description="an API answering 429 + Retry-After past 50 requests/s",
+            hosts=[
+                {
+                    "name": "R",
+                    "kind": "ratelimit",
+                    "rate": 50,
+                    "service_time": 0.01,
+                    "retry_after": 1,
+                }
+            ],
+            pages={"R": 600},
+            quick_pages={"R": 200},
+            configs=["fixed-2", "fixed-32", "autothrottle", "rampup"],
+            quick_configs=["fixed-2", "fixed-32", "autothrottle", "rampup"],
+            max_seconds=60.0,
+            quick_max_seconds=8.0,
+            # The rampup configuration's BACKOFF_WINDOW.
+            count_429_window=2.0,
+            note="NB: a sliding 1-s window admits a burst of N at the start, so "
+            "short runs can exceed N pages/s (by up to N/duration).",
+        ),
+    ]
+}
+
+
+# --------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------
+
+
+def nominal_capacity(host: dict[str, Any]) -> float | None:
+    if host["kind"] == "queue":
+        return float(host["workers"]) / float(host["service_time"])
+    if host["kind"] == "ratelimit":
+        return float(host["rate"])
+    return None
+
+
+def throughput_series(
+    epochs: list[float], t0: float, bucket: float = BUCKET_SECONDS
+) -> list[list[float]]:
+    """Pages/s per ``bucket``-second bucket, as ``[bucket_start, rate]``."""
+    if not epochs:
+        return []
+    counts: dict[int, int] = {}
+    for epoch in epochs:
+        index = int((epoch - t0) // bucket)
+        counts[index] = counts.get(index, 0) + 1
+    first, last = min(counts), max(counts)
+    return [
+        [round(index * bucket, 3), counts.get(index, 0) / bucket]
+        for index in range(first, last + 1)
+    ]
+
+
+def settled_limit(
+    samples: list[dict[str, Any]], start: float | None, end: float | None
+) -> float | None:
+    """Median limit over the last 30% of the host's crawl (epoch times)."""
+    if not samples or start is None or end is None or end <= start:
+        return None
+    since = end - SETTLED_FRACTION * (end - start)
+    limits = [
+        s["limit"]
+        for s in samples
+        if since <= s["t"] <= end and isinstance(s.get("limit"), int | float)
+    ]
+    return statistics.median(limits) if limits else None
+
+
+def recovery_seconds(
+    series: list[list[float]], full_capacity: float, after: float
+) -> float | None:
+    """Seconds after ``after`` until a bucket reaches 0.9 of full capacity.
+
+    The last bucket is left out: the crawl ends inside it, so it is partial.
+    """
+    for start, rate in series[:-1]:
+        if start >= after and rate >= 0.9 * full_capacity:
+            return round(start + BUCKET_SECONDS - after, 3)
+    return None
+
+
+def windowed_counts(arrivals: list[list[Any]], status: int, window: float) -> list[int]:
+    """Number of ``status`` answers per ``window`` seconds of host-time."""
+    if not arrivals:
+        return []
+    last = max(arrival[0] for arrival in arrivals)
+    counts = [0] * (int(last // window) + 1)
+    for arrival in arrivals:
+        if arrival[3] == status:
+            counts[int(arrival[0] // window)] += 1
+    return counts
+
+
+# --------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------
+
+
+def run_probe(scenario: Scenario, quick: bool) -> dict[str, Any]:
+    """Measure each host's reachable capacity with the raw client.
+
+    The scenario's hosts are probed together, as they are crawled together
+    (they share the CPU); variants (e.g. A at 80 ms) are probed alone.
+    """
+    seconds = 1.5 if quick else PROBE_SECONDS
+    base_hosts = [
+        {key: value for key, value in host.items() if key != "schedule"}
+        for host in scenario.hosts
+    ]
+    variants = [
+        {**host, "name": label} for label, host in scenario.probe_variants.items()
+    ]
+    results: dict[str, Any] = {}
+    started = time.time()
+    with SimHosts(base_hosts + variants) as hosts:
+
+        def plan(host: dict[str, Any]) -> tuple[int, int] | None:
+            capacity = nominal_capacity(host)
+            if host["kind"] == "queue":
+                assert capacity is not None
+                return int(host["workers"]), max(50, int(capacity * seconds))
+            if host["kind"] == "unlimited":
+                pages = (scenario.quick_pages if quick else scenario.pages)[
+                    host["name"]
+                ]
+                return PROBE_UNLIMITED_CONCURRENCY, pages
+            return None  # a rate limit's capacity is its rate: nothing to probe
+
+        def probe_group(group: list[dict[str, Any]]) -> None:
+            planned = [(host, plan(host)) for host in group]
+            jobs = [(host, p) for host, p in planned if p is not None]
+
+            async def together() -> list[dict[str, Any]]:
+                return await asyncio.gather(
+                    *(
+                        probe_async(hosts.url(host["name"]), conc, pages)
+                        for host, (conc, pages) in jobs
+                    )
+                )
+
+            for (host, _), result in zip(jobs, asyncio.run(together()), strict=True):
+                t0 = (
+                    hosts.stats(host["name"])["first_arrival_epoch"]
+                    or result["first_sent_epoch"]
+                )
+                results[host["name"]] = {
+                    "pages": result["pages"],
+                    "pages_per_second": result["pages_per_second"],
+                    "concurrency": result["concurrency"],
+                    "elapsed": result["elapsed"],
+                    "status_counts": result["status_counts"],
+                    "timeline": throughput_series(result["done_epochs"], t0),
+                }
+            for host, p in planned:
+                if p is None:
+                    results[host["name"]] = {
+                        "pages_per_second": nominal_capacity(host),
+                        "nominal": True,
+                    }
+
+        probe_group(base_hosts)
+        for variant in variants:
+            probe_group([variant])
+    return {"status": "ok", "hosts": results, "wall": time.time() - started}
+
+
+def _stderr_tail(text: str, lines: int = 2, width: int = 240) -> str:
+    """The last lines of a crawl's stderr, where the cause of a failure is."""
+    kept = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    clipped = [
+        line if len(line) <= width else line[: width - 3] + "..." for line in kept
+    ]
+    return " | ".join(clipped[-lines:]) or "(no stderr)"
+
+
+def run_crawl_config(
+    scenario: Scenario, config_name: str, quick: bool, timeout: float | None
+) -> dict[str, Any]:
+    """One configuration: fresh server, crawl subprocess, server stats."""
+    pages = scenario.quick_pages if quick else scenario.pages
+    max_seconds = scenario.quick_max_seconds if quick else scenario.max_seconds
+    hard_timeout = timeout or (max_seconds + 60)
+    with SimHosts(scenario.hosts) as hosts:
+        netlocs = {host["name"]: hosts.netloc(host["name"]) for host in scenario.hosts}
+        spec = CONFIGS[config_name]
+        settings = dict(spec(netlocs) if callable(spec) else spec)
+        settings.update(scenario.settings)
+        plugin = uses_plugin(settings)
+        crawl_config = {
+            "hosts": [
+                {
+                    "name": host["name"],
+                    "url": hosts.url(host["name"], "").rstrip("/"),
+                    "pages": pages[host["name"]],
+                }
+                for host in scenario.hosts
+            ],
+            "settings": settings,
+            "sample_interval": 0.1,
+            # Scrapy keys its download slots (and AutoThrottle its delays) by
+            # hostname, and every simulated host is 127.0.0.1: without a slot
+            # per host:port, AutoThrottle would treat A and B as one site. The
+            # plugin uses its own scopes (host:port) and deprecates the
+            # download_slot meta key, so it is only set without the plugin.
+            "per_host_slots": not plugin,
+            "max_seconds": max_seconds,
+        }
+        record: dict[str, Any] = {
+            "settings": settings,
+            "plugin": plugin,
+            "max_seconds": max_seconds,
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            output = Path(tmp) / "result.json"
+            started = time.time()
+            try:
+                process = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.crawl",
+                        "--config",
+                        "-",
+                        "--output",
+                        str(output),
+                    ],
+                    input=json.dumps(crawl_config),
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=hard_timeout,
+                    cwd=PROJECT_ROOT,
+                )
+            except subprocess.TimeoutExpired as exc:
+                stderr = exc.stderr or b""
+                text = (
+                    stderr.decode(errors="replace")
+                    if isinstance(stderr, bytes)
+                    else stderr
+                )
+                record.update(
+                    status="failed",
+                    error=f"timeout after {hard_timeout:.0f} s; {_stderr_tail(text)}",
+                )
+                return record
+            record["wall"] = time.time() - started
+            record["stderr_tail"] = _stderr_tail(process.stderr, 20, 1000)
+            if process.returncode != 0 or not output.exists():
+                record.update(
+                    status="failed",
+                    error=f"exit {process.returncode}: {_stderr_tail(process.stderr)}",
+                )
+                return record
+            crawl = json.loads(output.read_text())
+        record.update(status="ok", crawl=crawl)
+        record["server"] = {name: hosts.stats(name) for name in netlocs}
+        record["server_cpu_seconds"] = hosts.cpu_seconds()
+    return record
+
+
+def analyse_run(
+    scenario: Scenario,
+    record: dict[str, Any],
+    capacity: dict[str, float],
+) -> None:
+    """Add per-host metrics and timelines (host-time) to a crawl record."""
+    metrics: dict[str, Any] = {}
+    for name, host in record["crawl"]["hosts"].items():
+        server = record["server"][name]
+        t0 = server["first_arrival_epoch"] or host["first_sent_epoch"] or 0.0
+        series = throughput_series(host["done_epochs"], t0)
+        limits = [
+            [round(s["t"] - t0, 3), s["limit"]]
+            for s in host["state_samples"]
+            if isinstance(s.get("limit"), int | float)
+        ]
+        entry = {
+            "pages": host["pages"],
+            "pages_requested": host["pages_requested"],
+            "pages_per_second": host["pages_per_second"],
+            "count_503": host["count_503"],
+            "count_429": host["count_429"],
+            "download_errors": host["download_errors"],
+            "failures": host["failures"],
+            "failure_examples": host.get("failure_examples", {}),
+            "latency_p50": host["latency_p50"],
+            "latency_p90": host["latency_p90"],
+            "settled_limit": settled_limit(
+                host["state_samples"], host["first_sent_epoch"], host["last_page_epoch"]
+            ),
+            "max_held": server["max_concurrency"],
+            "server_status_counts": server["status_counts"],
+            "timeline": series,
+            "limit_timeline": limits,
+            "inflight_timeline": [
+                [round(t - t0, 3), on_wire]
+                for t, on_wire, _ in host["inflight_samples"]
+            ],
+        }
+        cap = capacity.get(name)
+        entry["capacity"] = cap
+        entry["ratio"] = host["pages_per_second"] / cap if cap else None
+        if scenario.slowdown is not None:
+            start, end = scenario.slowdown
+            slow_pages = sum(
+                1 for epoch in host["done_epochs"] if start <= epoch - t0 < end
+            )
+            slow_rate = slow_pages / (end - start)
+            reduced = capacity.get(scenario.slowdown_capacity or "")
+            entry["slowdown_pages_per_second"] = slow_rate
+            entry["slowdown_capacity"] = reduced
+            entry["slowdown_ratio"] = slow_rate / reduced if reduced else None
+            entry["recovery_seconds"] = (
+                recovery_seconds(series, cap, end) if cap else None
+            )
+        if scenario.count_429_window is not None:
+            per_window = windowed_counts(
+                server["arrivals"], 429, scenario.count_429_window
+            )
+            entry["count_429_per_window"] = per_window
+            entry["max_429_per_window"] = max(per_window, default=0)
+        metrics[name] = entry
+    record["metrics"] = metrics
+
+
+# --------------------------------------------------------------------------
+# Reporting
+# --------------------------------------------------------------------------
+
+
+def _fmt(value: Any, spec: str = ".0f", missing: str = "-") -> str:
+    if value is None:
+        return missing
+    return format(value, spec)
+
+
+#: Column widths of the table; the first two columns are left-aligned.
+COLUMN_WIDTHS = (23, 4, 10, 8, 8, 5, 5, 7, 7, 6, 5, 6)
+
+
+def _row(*cells: Any) -> str:
+    return " ".join(
+        f"{cell!s:<{width}}" if index < 2 else f"{cell!s:>{width}}"
+        for index, (cell, width) in enumerate(zip(cells, COLUMN_WIDTHS, strict=True))
+    )
+
+
+def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
+    capacity = result["capacity"]
+    lines = [
+        f"== {scenario.name}: {scenario.description}"
+        + (" (quick)" if result["quick"] else ""),
+        "capacity: "
+        + ", ".join(
+            f"{name} {value:.1f}/s ({result['capacity_source'].get(name, '?')})"
+            for name, value in capacity.items()
+            if value
+        ),
+    ]
+    # The footer says what the ratio is over (capacity or a reference config).
+    ratio_label = "ratio" if scenario.ratio_to == "capacity" else "ratio*"
+    header = _row(
+        "config",
+        "host",
+        "pages",
+        "pages/s",
+        ratio_label,
+        "503",
+        "429",
+        "p50 ms",
+        "p90 ms",
+        "limit",
+        "held",
+        "time s",
+    )
+    lines += [header, "-" * len(header)]
+    extras: list[str] = []
+    for run in result["runs"]:
+        label = run["config"] + (
+            f" #{run['repeat'] + 1}" if result["repeat"] > 1 else ""
+        )
+        if run["status"] != "ok":
+            lines.append(f"{label:<23} FAILED: {run.get('error', '?')}")
+            continue
+        if run["config"] == "probe":
+            for name, host in run["probe"]["hosts"].items():
+                if host.get("nominal"):
+                    continue
+                # A probe's ratio only makes sense against a capacity.
+                cap = capacity.get(name) if scenario.ratio_to == "capacity" else None
+                lines.append(
+                    _row(
+                        label,
+                        name,
+                        host["pages"],
+                        f"{host['pages_per_second']:.1f}",
+                        _fmt(host["pages_per_second"] / cap if cap else None, ".3f"),
+                        host["status_counts"].get("503", 0),
+                        "-",
+                        "-",
+                        "-",
+                        host["concurrency"],
+                        "-",
+                        f"{host['elapsed']:.1f}",
+                    )
+                )
+            continue
+        for name, m in run["metrics"].items():
+            p50 = m["latency_p50"] * 1000 if m["latency_p50"] is not None else None
+            p90 = m["latency_p90"] * 1000 if m["latency_p90"] is not None else None
+            lines.append(
+                _row(
+                    label,
+                    name,
+                    f"{m['pages']}/{m['pages_requested']}",
+                    f"{m['pages_per_second']:.1f}",
+                    _fmt(m["ratio"], ".3f"),
+                    m["count_503"],
+                    m["count_429"],
+                    _fmt(p50, ".1f"),
+                    _fmt(p90, ".1f"),
+                    _fmt(m["settled_limit"], ".1f"),
+                    m["max_held"],
+                    f"{run['crawl']['hosts'][name]['elapsed']:.1f}",
+                )
+            )
+            if m["download_errors"]:
+                extras.append(
+                    f"  {label} {name}: {m['download_errors']} download errors "
+                    "(retried)"
+                )
+            if m["failures"]:
+                extras.append(
+                    f"  {label} {name}: requests FAILED (lost pages): "
+                    + ", ".join(
+                        f"{count} x {error}: {m['failure_examples'].get(error, '')}"
+                        for error, count in m["failures"].items()
+                    )
+                )
+            if scenario.slowdown is not None:
+                start, end = scenario.slowdown
+                recovery = m["recovery_seconds"]
+                extras.append(
+                    f"  {label} {name}: during [{start:g},{end:g}) "
+                    f"{m['slowdown_pages_per_second']:.1f} pages/s = "
+                    f"{_fmt(m['slowdown_ratio'], '.3f')} of the reduced capacity "
+                    f"{_fmt(m['slowdown_capacity'], '.1f')}/s; back to >= 0.9 of full "
+                    "capacity "
+                    + (
+                        f"{recovery:.2f} s after t={end:g}"
+                        if recovery is not None
+                        else "not within the run"
+                    )
+                )
+            if scenario.count_429_window is not None:
+                extras.append(
+                    f"  {label} {name}: 429s per {scenario.count_429_window:g} s "
+                    f"window: max {m['max_429_per_window']}, all "
+                    f"{m['count_429_per_window']}"
+                )
+        reason = run["crawl"].get("finish_reason")
+        if reason == "closespider_timeout":
+            extras.append(
+                f"  {label}: stopped by the time cap ({run['max_seconds']:g} s), "
+                "pages/s is over the pages fetched by then"
+            )
+        elif reason not in (None, "finished"):
+            extras.append(f"  {label}: crawl ended early: {reason}")
+        if run["plugin"] and not any(
+            m["limit_timeline"] for m in run["metrics"].values()
+        ):
+            extras.append(
+                f"  {label}: no limit samples ({run['crawl'].get('sampler')})"
+            )
+    if extras:
+        lines += ["", *extras]
+    if result["repeat"] > 1:
+        lines += ["", *format_medians(result)]
+    lines.append(
+        (
+            "ratio: pages/s over the capacity (probed, else nominal)"
+            if scenario.ratio_to == "capacity"
+            else f"ratio*: pages/s over {scenario.ratio_to}'s (same repeat)"
+        )
+        + "; limit: settled limit (median over the last 30% of the host's crawl); "
+        "held: max requests the host held at once"
+    )
+    if scenario.note:
+        lines.append(scenario.note)
+    return "\n".join(lines)
+
+
+def format_medians(result: dict[str, Any]) -> list[str]:
+    """Median (min-max) of pages/s and ratio over the repeats of each config."""
+    rates: dict[tuple[str, str], list[float]] = {}
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for run in result["runs"]:
+        if run["status"] != "ok" or run["config"] == "probe":
+            continue
+        for name, m in run["metrics"].items():
+            rates.setdefault((run["config"], name), []).append(m["pages_per_second"])
+            if m["ratio"] is not None:
+                ratios.setdefault((run["config"], name), []).append(m["ratio"])
+    lines = [f"medians over {result['repeat']} repeats (min-max):"]
+    for key, values in rates.items():
+        config, name = key
+        ratio = ratios.get(key, [])
+        lines.append(
+            f"  {config:<21} {name:<4} {statistics.median(values):8.1f} pages/s "
+            f"({min(values):.1f}-{max(values):.1f})"
+            + (
+                f"  ratio {statistics.median(ratio):.3f} "
+                f"({min(ratio):.3f}-{max(ratio):.3f})"
+                if ratio
+                else ""
+            )
+        )
+    return lines
+
+
+def plot(scenario: Scenario, result: dict[str, Any], path: Path) -> None:
+    """Per host: limit over time (plugin configs) and pages/s over time."""
+    # Imported here so that --no-plot works without matplotlib.
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    host_names = [host["name"] for host in scenario.hosts]
+    figure, axes = plt.subplots(
+        len(host_names), 2, figsize=(13, 3.6 * len(host_names)), squeeze=False
+    )
+    colors: dict[str, Any] = {}
+    palette = plt.get_cmap("tab10")
+    for run in result["runs"]:
+        if run["status"] != "ok" or run["repeat"] != 0:
+            continue
+        color = colors.setdefault(run["config"], palette(len(colors) % 10))
+        for row, name in enumerate(host_names):
+            limit_axis, rate_axis = axes[row]
+            if run["config"] == "probe":
+                host = run["probe"]["hosts"].get(name, {})
+                series = host.get("timeline", [])
+                style = "--"
+            else:
+                metrics = run["metrics"][name]
+                series = metrics["timeline"]
+                style = "-"
+                if metrics["limit_timeline"]:
+                    xs, ys = zip(*metrics["limit_timeline"], strict=True)
+                    limit_axis.plot(xs, ys, label=run["config"], color=color)
+                elif metrics["inflight_timeline"]:
+                    # No limit to show: what the crawler had in flight instead.
+                    xs, ys = zip(*metrics["inflight_timeline"], strict=True)
+                    limit_axis.plot(
+                        xs,
+                        ys,
+                        label=f"{run['config']} (in flight)",
+                        color=color,
+                        linestyle=":",
+                        linewidth=0.9,
+                    )
+            if series:
+                xs, ys = zip(*series, strict=True)
+                rate_axis.step(
+                    xs,
+                    ys,
+                    where="post",
+                    linestyle=style,
+                    label=run["config"],
+                    color=color,
+                )
+    for row, name in enumerate(host_names):
+        limit_axis, rate_axis = axes[row]
+        limit_axis.set_title(
+            f"host {name}: concurrency limit (dotted: in flight, no limit samples)"
+        )
+        rate_axis.set_title(f"host {name}: pages/s ({BUCKET_SECONDS} s buckets)")
+        for axis in (limit_axis, rate_axis):
+            axis.set_xlabel("host-time (s)")
+            axis.grid(alpha=0.3)
+            if scenario.slowdown is not None:
+                axis.axvspan(*scenario.slowdown, color="grey", alpha=0.15)
+            if axis.get_legend_handles_labels()[0]:
+                axis.legend(fontsize="small")
+        cap = result["capacity"].get(name)
+        if cap:
+            rate_axis.axhline(cap, color="black", linewidth=0.8, linestyle=":")
+    figure.suptitle(f"{scenario.name}: {scenario.description}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+# --------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    configs: list[str] | None,
+    quick: bool,
+    repeat: int,
+    timeout: float | None,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    selected = configs or (scenario.quick_configs if quick else scenario.configs)
+    # The probe runs first in each repeat: the other rows are ratios to it.
+    selected = sorted(selected, key=lambda name: name != "probe")
+    runs: list[dict[str, Any]] = []
+    probed: dict[str, list[float]] = {}
+    for index in range(repeat):
+        for config_name in selected:
+            log(f"[{scenario.name}] {config_name} (run {index + 1}/{repeat}) ...")
+            record: dict[str, Any]
+            if config_name == "probe":
+                try:
+                    record = {"probe": run_probe(scenario, quick), "status": "ok"}
+                except Exception as exc:
+                    record = {"status": "failed", "error": repr(exc)}
+                else:
+                    for name, host in record["probe"]["hosts"].items():
+                        if not host.get("nominal"):
+                            probed.setdefault(name, []).append(host["pages_per_second"])
+            else:
+                record = run_crawl_config(scenario, config_name, quick, timeout)
+            record.update(
+                config=config_name, repeat=index, plugin=record.get("plugin", False)
+            )
+            runs.append(record)
+
+    # Ratios use the median probed capacity, else the nominal one.
+    capacity: dict[str, float] = {}
+    source: dict[str, str] = {}
+    for host in [
+        *scenario.hosts,
+        *({**h, "name": label} for label, h in scenario.probe_variants.items()),
+    ]:
+        name = host["name"]
+        if probed.get(name):
+            capacity[name], source[name] = statistics.median(probed[name]), "probed"
+        elif (nominal := nominal_capacity(host)) is not None:
+            capacity[name], source[name] = nominal, "nominal"
+    for run in runs:
+        if run["status"] == "ok" and run["config"] != "probe":
+            analyse_run(scenario, run, capacity)
+    if scenario.ratio_to != "capacity":
+        reference = {
+            run["repeat"]: run
+            for run in runs
+            if run["config"] == scenario.ratio_to and run["status"] == "ok"
+        }
+        for run in runs:
+            base = reference.get(run["repeat"])
+            if run["status"] != "ok" or run["config"] == "probe" or base is None:
+                continue
+            for name, m in run["metrics"].items():
+                base_rate = base["metrics"][name]["pages_per_second"]
+                m["ratio"] = m["pages_per_second"] / base_rate if base_rate else None
+    return {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "quick": quick,
+        "repeat": repeat,
+        "capacity": capacity,
+        "capacity_source": source,
+        "hosts": scenario.hosts,
+        "pages": scenario.quick_pages if quick else scenario.pages,
+        "runs": runs,
+    }
+
+
+def environment() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "scrapy": scrapy.__version__,
+        "twisted": twisted.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--scenario",
+        default="all",
+        choices=["all", *SCENARIOS],
+        help="scenario to run (default: all)",
+    )
+    parser.add_argument("--quick", action="store_true", help="short runs (~1-2 min)")
+    parser.add_argument(
+        "--configs",
+        help="comma-separated configurations, run in every selected scenario "
+        f"(default: each scenario's own list); known: {', '.join(CONFIGS)}",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="runs per configuration")
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="output directory")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
+    parser.add_argument(
+        "--timeout", type=float, help="hard timeout per crawl process, seconds"
+    )
+    args = parser.parse_args(argv)
+
+    configs = None
+    if args.configs:
+        configs = [name.strip() for name in args.configs.split(",") if name.strip()]
+        unknown = [name for name in configs if name not in CONFIGS]
+        if unknown:
+            parser.error(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    started = time.time()
+    for name in names:
+        scenario = SCENARIOS[name]
+        result = run_scenario(
+            scenario,
+            configs=configs,
+            quick=args.quick,
+            repeat=args.repeat,
+            timeout=args.timeout,
+            log=log,
+        )
+        result["environment"] = environment()
+        print(format_table(scenario, result), flush=True)
+        print(flush=True)
+        (args.out / f"results-{name}.json").write_text(json.dumps(result))
+        if not args.no_plot:
+            try:
+                plot(scenario, result, args.out / f"{name}.png")
+            except Exception as exc:
+                log(f"[{name}] plot failed: {exc!r}")
+    log(f"done in {time.time() - started:.0f} s; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
