@@ -7,12 +7,15 @@ download exceptions into backoff, and merges robots.txt Crawl-delay.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -21,10 +24,12 @@ from scrapy.resolver import dnscache
 from scrapy.utils.asyncio import call_later, sleep
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.python import global_object_name
 from twisted.internet.defer import Deferred
 
 from ._algorithms import (
     parse_ratelimit,
+    parse_ratelimit_remaining,
     parse_ratelimit_reset,
     parse_retry_after,
 )
@@ -32,6 +37,7 @@ from ._settings import ThrottlingSettings
 from ._types import (
     RESOLVED_SCOPES_META_KEY,
     BackoffData,
+    BackoffScopeData,
     RequestScopes,
     ScopeID,
     iter_scope_values,
@@ -55,6 +61,15 @@ DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
 
 #: The longest a gate waiter sleeps before checking whether the crawl closes.
 _CLOSE_CHECK_INTERVAL = 1.0
+#: Scopes that back off on this status are the ones held by a successful
+#: response saying that the quota is used up: the next answer would be it.
+_RATE_LIMITED = 429
+#: The request whose response :meth:`ThrottlingManager.process_response` is
+#: handling, for responses that an overridden ``get_response_backoff`` builds
+#: without one (the reference chapter's "X-Upstream-Status-Code" example).
+_RESPONSE_REQUEST: ContextVar[Request | None] = ContextVar(
+    "_RESPONSE_REQUEST", default=None
+)
 
 ScopeValues = list[tuple[ScopeID, "float | None"]]
 Reservation = list[tuple[ScopeID, Any]]
@@ -89,7 +104,12 @@ class ThrottlingManager:
         self._release_listeners: list[Callable[[ScopeID], None]] = []
         self._crawl_delays: dict[ScopeID, float] = {}
         self._warned_robots: set[ScopeID] = set()
-        self._last_eviction = self.clock()
+        # Reserved requests to gate again (see _regate_reserved).
+        self._regate: weakref.WeakSet[Request] = weakref.WeakSet()
+        self._backoff_codes = self.config.common.http_codes.union(
+            *(scope.http_codes for scope in self.config.scopes.values())
+        )
+        self._last_eviction = float("-inf")
         self._gate_waiting = 0
         self._warned_waiting = False
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
@@ -344,7 +364,11 @@ class ThrottlingManager:
         once; robots.txt downloads are never held (see :func:`is_robots_request`).
         """
         if request in self._reserved:
-            return
+            if request not in self._regate:
+                return
+            # Its scope changed (a Crawl-delay) after it was reserved.
+            self._regate.discard(request)
+            self.release(request)
         if is_robots_request(request):
             self._reserved[request] = []
             return
@@ -401,9 +425,9 @@ class ThrottlingManager:
             return False
         done: Deferred[bool] = Deferred()
         event: Deferred[None] = slot_event()
-        event.addCallback(lambda _: done.called or done.callback(True))
+        event.addCallback(lambda _: _fire(done, True))
         timer = call_later(
-            _CLOSE_CHECK_INTERVAL, lambda: done.called or done.callback(False)
+            _CLOSE_CHECK_INTERVAL, lambda: _fire(done, False)
         )
         try:
             return await maybe_deferred_to_future(done)
@@ -422,7 +446,10 @@ class ThrottlingManager:
                 wake()
 
     def _raise_if_closing(self, request: Request) -> None:
-        engine = getattr(self.crawler, "engine", None)
+        try:
+            engine = self.crawler.engine
+        except RuntimeError:  # the crawl has not started yet
+            return
         slot = getattr(engine, "_slot", None)
         if engine is None or not engine.running or slot is None or slot.closing:
             raise IgnoreRequest(f"Throttled request dropped: the spider is closing: {request}")
@@ -458,51 +485,123 @@ class ThrottlingManager:
     # -- backoff ----------------------------------------------------------------
 
     async def get_initial_backoff(self) -> BackoffData:
-        """Backoff data applied once, before the first request (default: none)."""
+        """Backoff data applied once, when the spider opens (default: none).
+
+        Override it to start a crawl already backed off, e.g. with a delay
+        remembered from a previous run: return the same kind of data as
+        :meth:`get_response_backoff`.
+        """
         return None
 
     def get_response_delay(self, response: Response) -> float | None:
-        """The delay a response asks for, in seconds, or ``None``.
+        """Return the delay, in seconds, that a backoff response asks for.
 
-        The largest of ``Retry-After`` (seconds or HTTP date),
-        ``RateLimit-Reset`` (seconds), and the reset time of an exhausted
-        policy in the IETF ``RateLimit`` header. Malformed values are ignored.
+        The largest of ``Retry-After`` (seconds or an HTTP date),
+        ``RateLimit-Reset`` (seconds) and the reset time of an exhausted
+        policy of the IETF ``RateLimit`` header (with ``RateLimit-Policy``);
+        ``None`` when none of them gives a usable value. Malformed, negative,
+        non-finite and past values are ignored.
+
+        Only called for responses whose status is a backoff code of one of
+        their scopes; override it to read other headers.
         """
         headers = response.headers
+        retry_after = parse_retry_after(headers.get(b"Retry-After"), time.time())
+        reset = parse_ratelimit_reset(headers.get(b"RateLimit-Reset"))
         delays = [
-            parse_retry_after(headers.get(b"Retry-After"), time.time()),
-            parse_ratelimit_reset(headers.get(b"RateLimit-Reset")),
-            parse_ratelimit(headers.get(b"RateLimit"), headers.get(b"RateLimit-Policy")),
+            delay
+            for delay in (retry_after, reset, self._exhausted_ratelimit_delay(response))
+            if delay is not None
         ]
+        return max(delays) if delays else None
+
+    def get_exhausted_quota_delay(self, response: Response) -> float | None:
+        """Return the seconds until the server's quota resets, if this
+        (successful) response says that the quota is used up, else ``None``.
+
+        A quota is used up when a policy of the IETF ``RateLimit`` header has
+        ``r=0`` (its ``t``, or the ``w`` of its ``RateLimit-Policy``, is the
+        reset time), or when ``RateLimit-Remaining`` is ``0`` (then
+        ``RateLimit-Reset`` is). The next request would be refused anyway,
+        so the scope is held until the reset, as if the server had answered
+        429 with that delay.
+        """
+        headers = response.headers
+        delays = [self._exhausted_ratelimit_delay(response)]
+        if parse_ratelimit_remaining(headers.get(b"RateLimit-Remaining")) == 0:
+            delays.append(parse_ratelimit_reset(headers.get(b"RateLimit-Reset")))
         valid = [delay for delay in delays if delay is not None]
         return max(valid) if valid else None
 
-    async def get_response_backoff(self, response: Response) -> BackoffData:
-        """Backoff for *response*: its scopes whose backoff codes include its status.
+    @staticmethod
+    def _exhausted_ratelimit_delay(response: Response) -> float | None:
+        headers = response.headers
+        ratelimit = headers.getlist(b"RateLimit")
+        if not ratelimit:
+            return None
+        # A structured-field list may be split over several header lines.
+        return parse_ratelimit(
+            b", ".join(ratelimit), b", ".join(headers.getlist(b"RateLimit-Policy"))
+        )
 
-        With a server-given delay (see :meth:`get_response_delay`) the result
-        is ``{scope: {"delay": seconds}}``, else the bare scopes.
+    async def get_response_backoff(self, response: Response) -> BackoffData:
+        """Return the backoff that *response* calls for.
+
+        Each scope of the request whose backoff codes (:setting:`BACKOFF_HTTP_CODES`
+        or its ``"backoff"`` ``"http_codes"``) include the status backs off:
+        ``{scope: {"delay": seconds}}`` when the response gives a delay (see
+        :meth:`get_response_delay`), else the bare scopes (one exponential
+        step each). Scopes that back off on 429 are also held when another
+        response says the quota is used up (see
+        :meth:`get_exhausted_quota_delay`). ``None`` when nothing backs off
+        or the request has :reqmeta:`throttling_dont_track`.
+
+        A response built without a request (e.g. a copy of the real one with
+        another status, passed to ``super()``) counts for the request being
+        processed.
         """
         request = response.request
+        if request is None:
+            request = _RESPONSE_REQUEST.get()
         if request is None or request.meta.get("throttling_dont_track"):
             return None
         status = response.status
-        scopes = [
-            scope
-            for scope, _ in self._sent_scope_values(request)
-            if status in self.config.scope(scope).http_codes
-        ]
-        if not scopes:
-            return None
-        delay = self.get_response_delay(response)
-        if delay:
-            return {scope: {"delay": delay} for scope in scopes}
-        return scopes
+        headers = response.headers
+        if status not in self._backoff_codes and not (
+            b"RateLimit" in headers or b"RateLimit-Remaining" in headers
+        ):
+            return None  # the common case, decided without looking at scopes
+        triggered: list[ScopeID] = []
+        rate_limited: list[ScopeID] = []
+        for scope, _ in self._sent_scope_values(request):
+            codes = self.config.scope(scope).http_codes
+            if status in codes:
+                triggered.append(scope)
+            elif _RATE_LIMITED in codes:
+                rate_limited.append(scope)
+        backoff: dict[ScopeID, BackoffScopeData] = {}
+        if triggered:
+            delay = self.get_response_delay(response)
+            if not delay:
+                if not rate_limited:
+                    return triggered
+                backoff.update((scope, {}) for scope in triggered)
+            else:
+                backoff.update((scope, {"delay": delay}) for scope in triggered)
+        if rate_limited:
+            quota_delay = self.get_exhausted_quota_delay(response)
+            if quota_delay:
+                hold: BackoffScopeData = {"delay": quota_delay}
+                backoff.update((scope, hold) for scope in rate_limited)
+        return backoff or None
 
     async def get_exception_backoff(
         self, request: Request, exception: BaseException
     ) -> BackoffData:
-        """Backoff for a download exception: the scopes that list its type."""
+        """Return the backoff that a download exception calls for: the scopes
+        of *request* whose backoff exceptions (:setting:`BACKOFF_EXCEPTIONS`
+        or their ``"backoff"`` ``"exceptions"``) include its type, as bare
+        scopes; ``None`` for :reqmeta:`throttling_dont_track` requests."""
         if request.meta.get("throttling_dont_track"):
             return None
         scopes = [
@@ -513,11 +612,19 @@ class ThrottlingManager:
         return scopes or None
 
     async def process_response(self, response: Response) -> None:
-        """Update throttling state from a (non-cached) response."""
+        """Update throttling state from a downloaded (non-cached) response.
+
+        Called for every attempt, before RetryMiddleware decides to retry it.
+        """
         request = response.request
         now = self.clock()
-        backoff = await self.get_response_backoff(response)
-        self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
+        token = _RESPONSE_REQUEST.set(request)
+        try:
+            backoff = await self.get_response_backoff(response)
+        finally:
+            _RESPONSE_REQUEST.reset(token)
+        if backoff is not None:
+            self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
         if request is None or request.meta.get("throttling_dont_track"):
             return
         latency = request.meta.get("download_latency")
@@ -529,17 +636,33 @@ class ThrottlingManager:
             if record is not None:
                 record(latency, response.status, now)
 
-    async def process_exception(self, request: Request, exception: BaseException) -> None:
+    async def process_exception(
+        self, request: Request, exception: BaseException
+    ) -> None:
         """Update throttling state from a download exception."""
         backoff = await self.get_exception_backoff(request, exception)
-        self.apply_backoff(
-            backoff, now=self.clock(), cause=f"exception/{type(exception).__name__}"
-        )
+        if backoff is not None:
+            self.apply_backoff(
+                backoff,
+                now=self.clock(),
+                cause=f"exception/{global_object_name(type(exception))}",
+            )
 
     def apply_backoff(
         self, backoff: BackoffData, *, now: float | None = None, cause: str = "other"
     ) -> None:
-        """Apply backoff data as returned by the backoff hooks."""
+        """Apply backoff data as returned by the backoff hooks.
+
+        :param backoff: a scope, scopes, or ``{scope: data}``. A bare scope
+            (or empty data) takes one exponential backoff step; ``"delay"``
+            holds the scope that many seconds instead (capped at its
+            ``max_delay``; a missing, zero, negative or invalid delay counts
+            as none); ``"consumed"`` / ``"remaining"`` alone only correct the
+            quota estimate and are no backoff trigger.
+        :param now: the current time of :attr:`clock`.
+        :param cause: what triggered it, for the
+            ``throttling/backoff/<cause>_count`` stat and the debug log.
+        """
         if backoff is None:
             return
         if now is None:
@@ -562,32 +685,44 @@ class ThrottlingManager:
                     if "delay" not in entry:
                         continue
                 delay = _valid_delay(entry.get("delay"))
-            if self.config.debug:
-                logger.debug("Backoff for scope %s (delay: %s, cause: %s)", scope_id, delay, cause)
             manager.record_backoff(delay=delay, now=now)
-            self._inc_stat("throttling/backoff/count")
-            self._inc_stat(f"throttling/backoff/{cause}_count")
-            if delay is not None:
-                self._inc_stat("throttling/backoff/server_delay_count")
+            self._count_trigger(cause, server_delay=delay is not None)
+            if self.config.debug:
+                _log_backoff(scope_id, manager, delay, cause, now)
+
+    def _count_trigger(self, cause: str, *, server_delay: bool) -> None:
+        stats = self._stats
+        if stats is None:
+            return
+        stats.inc_value("throttling/backoff/count")
+        stats.inc_value(f"throttling/backoff/{cause}_count")
+        if server_delay:
+            stats.inc_value("throttling/backoff/server_delay_count")
 
     def delay_scope(self, scope_id: ScopeID, delay: float) -> None:
         """Hold back every request of *scope_id* for at least *delay* seconds.
 
-        Counted as a backoff trigger, and trusted: not capped at
-        :setting:`BACKOFF_MAX_DELAY`.
+        Counted as a backoff trigger, and trusted: unlike a server-given
+        delay, it is not capped at :setting:`BACKOFF_MAX_DELAY`.
+
+        :raises ValueError: if *delay* is negative or not a finite number.
         """
-        seconds = float(delay)
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"Invalid delay for scope {scope_id!r}: {delay!r}")
-        if self.config.debug:
-            logger.debug("Delaying scope %s for %.2fs", scope_id, seconds)
-        manager = self.get_scope_manager(scope_id)
+        message = f"Invalid delay for scope {scope_id!r}: {delay!r}"
         try:
-            manager.record_backoff(delay=seconds, now=self.clock(), cap=False)
-        except TypeError:  # a custom scope manager without the cap argument
-            manager.record_backoff(delay=seconds, now=self.clock())
-        self._inc_stat("throttling/backoff/count")
-        self._inc_stat("throttling/backoff/delay_scope_count")
+            seconds = float(delay)
+        except (TypeError, ValueError):
+            raise ValueError(message) from None
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(message)
+        now = self.clock()
+        manager = self.get_scope_manager(scope_id)
+        if _accepts_keyword(manager.record_backoff, "cap"):
+            manager.record_backoff(delay=seconds, now=now, cap=False)
+        else:  # a custom scope manager that predates the cap argument
+            manager.record_backoff(delay=seconds, now=now)
+        self._count_trigger("delay_scope", server_delay=False)
+        if self.config.debug:
+            _log_backoff(scope_id, manager, seconds, "delay_scope", now)
 
     def get_scope_delay(self, scope_id: ScopeID) -> float:
         """The base (non-backoff) delay of *scope_id*."""
@@ -626,7 +761,9 @@ class ThrottlingManager:
         try:
             delay = robotparser.crawl_delay(self.config.user_agent)
         except Exception:  # a third-party parser must never break the crawl
-            logger.debug("Could not read Crawl-delay from %r", robotparser, exc_info=True)
+            logger.debug(
+                "Could not read Crawl-delay from %r", robotparser, exc_info=True
+            )
             return
         if delay is None:
             return
@@ -634,37 +771,61 @@ class ThrottlingManager:
             seconds = float(delay)
         except (TypeError, ValueError):
             return
-        if not math.isfinite(seconds) or seconds <= 0:
-            return
-        self.apply_robots_crawl_delay(urlparse_cached(request).netloc.rpartition("@")[2].lower(), seconds)
+        self.apply_robots_crawl_delay(self.get_crawl_delay_scope(request), seconds)
+
+    def get_crawl_delay_scope(self, request: Request) -> ScopeID:
+        """Return the scope that the robots.txt Crawl-delay of *request*'s
+        host applies to: the host's default scope, ``host[:port]``.
+
+        Override it when your scopes group hosts differently (e.g. by
+        registrable domain).
+        """
+        return urlparse_cached(request).netloc.rpartition("@")[2].lower()
 
     def apply_robots_crawl_delay(self, scope_id: ScopeID, delay: float) -> None:
-        """Apply a robots.txt Crawl-delay to *scope_id*: that delay (capped at
-        :setting:`THROTTLING_ROBOTSTXT_MAX_DELAY`) and a concurrency of 1,
-        except where :setting:`THROTTLING_SCOPES` configures the scope more
-        aggressively (then the configuration wins, with one warning)."""
+        """Apply a robots.txt Crawl-delay to *scope_id*.
+
+        The scope gets that delay (capped at
+        :setting:`THROTTLING_ROBOTSTXT_MAX_DELAY`) as a minimum spacing and a
+        concurrency of 1, except for what its :setting:`THROTTLING_SCOPES`
+        entry sets more aggressively (that wins, with one warning) or when
+        the entry has ``"ignore_robots_txt": True`` (nothing changes). The
+        value is remembered and applied again if the scope's state is
+        evicted and recreated. Requests of the scope that were already
+        handed to the downloader but not sent yet (they were waiting for
+        robots.txt) go through the gate again.
+        """
         if not self.config.robotstxt_obey:
             return
+        if not (math.isfinite(delay) and delay > 0):
+            return
         capped = min(delay, self.config.robotstxt_max_delay)
-        self._crawl_delays[scope_id] = capped
-        self._inc_stat("throttling/robotstxt/crawl_delay_count")
-        self._apply_crawl_delay(scope_id, self.get_scope_manager(scope_id), capped, warn=True)
+        known = self._crawl_delays.get(scope_id, 0.0)
+        self._crawl_delays[scope_id] = max(capped, known)
+        manager = self.get_scope_manager(scope_id)
+        if self._apply_crawl_delay(scope_id, manager, capped, warn=True):
+            self._inc_stat("throttling/robotstxt/crawl_delay_count")
+            self._regate_reserved(scope_id)
 
     def _apply_crawl_delay(
         self, scope_id: ScopeID, manager: Any, delay: float, *, warn: bool = False
-    ) -> None:
+    ) -> bool:
         configured = self.config.scopes.get(scope_id)
         keep_delay = keep_concurrency = False
         if configured is not None:
+            if configured.ignore_robots_txt:
+                return False
             conflicts = []
             if configured.explicit_delay and configured.delay < delay:
                 keep_delay = True
-                conflicts.append(f"delay={configured.delay!r} < Crawl-delay {delay}")
-            if configured.explicit_concurrency and (configured.concurrency or 0) != 1:
+                conflicts.append(f"delay {configured.delay!r} < Crawl-delay {delay!r}")
+            if configured.explicit_concurrency and configured.concurrency != 1:
                 keep_concurrency = True
-                conflicts.append(f"concurrency={configured.concurrency!r} > 1")
-            if configured.ignore_robots_txt:
-                return
+                limit = configured.concurrency or "unlimited"
+                conflicts.append(f"concurrency {limit} > 1")
+            elif configured.min_concurrency > 1:
+                keep_concurrency = True
+                conflicts.append(f"min_concurrency {configured.min_concurrency} > 1")
             if conflicts and warn and scope_id not in self._warned_robots:
                 self._warned_robots.add(scope_id)
                 logger.warning(
@@ -675,16 +836,35 @@ class ThrottlingManager:
                     delay,
                     " and ".join(conflicts),
                 )
-        if self.config.debug:
-            logger.debug("robots.txt Crawl-delay for scope %s: %ss", scope_id, delay)
+        if keep_delay and keep_concurrency:
+            return False
         if not keep_delay:
             setter = getattr(manager, "set_base_delay", None)
             if setter is not None:
                 setter(delay)
+            floor = getattr(manager, "set_delay_floor", None)
+            if floor is not None:
+                floor(delay)
         if not keep_concurrency:
             setter = getattr(manager, "set_concurrency", None)
             if setter is not None:
                 setter(1)
+        if self.config.debug:
+            logger.debug(
+                "robots.txt Crawl-delay for scope %s: delay %s, concurrency %s",
+                scope_id,
+                "kept" if keep_delay else f"{delay:.3f}s",
+                "kept" if keep_concurrency else 1,
+            )
+        return True
+
+    def _regate_reserved(self, scope_id: ScopeID) -> None:
+        # Requests popped (and reserved) before robots.txt was parsed wait in
+        # RobotsTxtMiddleware, ahead of the gate: without this, every one of
+        # them would go out at once, ignoring the Crawl-delay just applied.
+        for request, reservation in self._reserved.items():
+            if any(reserved == scope_id for reserved, _ in reservation):
+                self._regate.add(request)
 
     # -- misc -------------------------------------------------------------------
 
@@ -693,16 +873,59 @@ class ThrottlingManager:
             self._stats.inc_value(key)
 
 
+def _fire(deferred: Deferred[bool], result: bool) -> None:
+    if not deferred.called:
+        deferred.callback(result)
+
+
 def _valid_delay(value: Any) -> float | None:
+    """A usable hold in seconds, or None (then the trigger takes an
+    exponential step): a zero hold would count a trigger without slowing
+    anything down."""
     if value is None or isinstance(value, bool):
         return None
     try:
         delay = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    if not math.isfinite(delay) or delay < 0:
+    if not math.isfinite(delay) or delay <= 0:
         return None
     return delay
+
+
+def _accepts_keyword(method: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # no introspectable signature: assume so
+        return True
+    return name in parameters or any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD
+        for parameter in parameters.values()
+    )
+
+
+def _log_backoff(
+    scope_id: ScopeID, manager: Any, hold: float | None, cause: str, now: float
+) -> None:
+    get_state = getattr(manager, "get_state", None)
+    state: dict[str, Any] = dict(get_state(now)) if get_state is not None else {}
+    if hold is not None:
+        logger.debug(
+            "Backoff hold for scope %s (%s): nothing sent for %.3fs",
+            scope_id,
+            cause,
+            state.get("backoff_wait", hold),
+        )
+    elif "delay" in state:
+        logger.debug(
+            "Backoff step for scope %s (%s): delay %.3fs (level %s)",
+            scope_id,
+            cause,
+            state["delay"],
+            state.get("backoff_level", "?"),
+        )
+    else:
+        logger.debug("Backoff step for scope %s (%s)", scope_id, cause)
 
 
 def _concurrency_blocked(manager: Any) -> bool:

@@ -7,6 +7,7 @@ Delays are counted from each send, as Scrapy's ``DOWNLOAD_DELAY`` always was.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from time import monotonic
@@ -14,12 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
-from ._algorithms import BackoffState, QuotaWindow, apply_jitter
+from ._algorithms import (
+    BackoffState,
+    QuotaWindow,
+    RampupPolicy,
+    RampupState,
+    apply_jitter,
+)
 from ._settings import ScopeSettings, ThrottlingSettings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from typing_extensions import Self
+
+logger = logging.getLogger(__name__)
 
 
 class ThrottlingScopeManager:
@@ -47,9 +56,18 @@ class ThrottlingScopeManager:
             else None
         )
         self._next_allowed = 0.0
+        # A robots.txt Crawl-delay: no jitter ever spaces two sends closer.
+        self._delay_floor = 0.0
+        self._debug = throttling.debug
+        self._stats = crawler.stats
         self._last_seen: float | None = None
         self.active = 0
         self._slot_waiters: deque[Deferred[None]] = deque()
+        self._rampup: RampupState | None = None
+        self._rampup_applied: tuple[float, int | None] = (0.0, None)
+        self._rampup_steps = (0, 0)
+        if self.config.rampup is not None:
+            self._init_rampup(throttling.total_concurrency)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, config: dict[str, Any]) -> Self:
@@ -67,7 +85,11 @@ class ThrottlingScopeManager:
             now = monotonic()
         backoff = self._backoff
         if backoff.level:
-            backoff.recover(now)
+            recovered = backoff.recover(now)
+            if recovered:
+                self._on_recovery(recovered)
+        if self._rampup is not None:
+            self._rampup_check(now)
         wait = self._next_allowed - now
         hold = backoff.hold_until - now
         if hold > wait:
@@ -87,18 +109,25 @@ class ThrottlingScopeManager:
         self._next_allowed = now + self._spacing()
         if self._quota is not None:
             self._quota.consume(now, amount)
+        if self._rampup is not None:
+            self._rampup.observe_send(now, self.active)
 
     def _spacing(self) -> float:
         backoff = self._backoff
         if backoff.level:
             # Backoff jitter was applied once, when the step was taken.
-            return backoff.delay
-        return apply_jitter(backoff.delay, self._jitter, self._uniform)
+            spacing = backoff.delay
+        else:
+            spacing = apply_jitter(backoff.delay, self._jitter, self._uniform)
+        return spacing if spacing > self._delay_floor else self._delay_floor
 
     def record_done(self, now: float | None = None) -> None:
         """Free the slot of a finished request and wake one waiter."""
         if self.active > 0:
             self.active -= 1
+            if self._rampup is not None:
+                done_at = monotonic() if now is None else now
+                self._rampup.observe_done(done_at, self.active)
             self.wake_waiter()
 
     # -- backoff, delay, quota -----------------------------------------------
@@ -106,14 +135,49 @@ class ThrottlingScopeManager:
     def record_backoff(
         self, delay: float | None = None, now: float | None = None, cap: bool = True
     ) -> None:
-        """Apply a backoff trigger; *delay* is a hard minimum wait."""
+        """Apply a backoff trigger.
+
+        :param delay: a hard minimum wait in seconds (a server-given delay
+            or :meth:`~scrapy_adaptive_throttle.ThrottlingManager.delay_scope`):
+            nothing is sent before it elapses, and the delay does not grow.
+            ``None`` takes one exponential step instead.
+        :param now: the current monotonic time.
+        :param cap: cap *delay* at the scope's backoff ``max_delay`` (server
+            values are untrusted; ``delay_scope`` passes ``False``).
+        """
         if now is None:
             now = monotonic()
         self._last_seen = now
-        self._backoff.trigger(now, delay, cap=cap)
-        next_allowed = now + self._backoff.delay
-        if next_allowed > self._next_allowed:
-            self._next_allowed = next_allowed
+        if self._backoff.level:
+            # Quiet windows that ended since the last send count before the
+            # trigger (trigger() would apply them too, but unseen).
+            recovered = self._backoff.recover(now)
+            if recovered:
+                self._on_recovery(recovered)
+        self._backoff.trigger(now, delay, cap=cap, grow=self._rampup_trigger(now))
+        if self._rampup is not None and self._backoff.hold_until > now:
+            self._rampup.pause(now, self._backoff.hold_until)
+        # The new spacing counts from now (the answer), not from the send
+        # that earned it, so the next request waits the whole backed-off delay.
+        self._next_allowed = max(self._next_allowed, now + self._backoff.delay)
+
+    def _on_recovery(self, steps: int) -> None:
+        if self._stats is not None:
+            self._stats.inc_value("throttling/backoff/recovery_count", steps)
+        if self._debug:
+            backoff = self._backoff
+            logger.debug(
+                "Backoff recovery for scope %s: %d step(s), delay %.3fs (level %d)",
+                self.id,
+                steps,
+                backoff.delay,
+                backoff.level,
+            )
+
+    def set_delay_floor(self, delay: float) -> None:
+        """Never space two sends closer than *delay* seconds, whatever the
+        jitter (a robots.txt Crawl-delay is a minimum, not an average)."""
+        self._delay_floor = max(0.0, float(delay))
 
     def reconcile_quota(
         self,
@@ -186,6 +250,113 @@ class ThrottlingScopeManager:
                 return True
         return False
 
+    # -- rampup ------------------------------------------------------------------
+
+    def _init_rampup(self, total_concurrency: int) -> None:
+        config = self.config
+        assert config.rampup is not None
+        # The ceiling: the scope's own concurrency when the user set one,
+        # else CONCURRENT_REQUESTS (0: none), as in the pull request; the
+        # default per-domain value is a politeness default for unknown
+        # sites, not a limit of an API whose rate rampup is asked to find.
+        if config.explicit_concurrency:
+            ceiling = config.concurrency
+        else:
+            ceiling = total_concurrency or None
+        policy = RampupPolicy(
+            target=config.rampup.target,
+            delay_factor=config.rampup.delay_factor,
+            min_delay=config.rampup.min_delay,
+            window=config.backoff.window,
+            min_concurrency=self._min_concurrency,
+            max_concurrency=ceiling,
+        )
+        self._rampup = rampup = RampupState(policy, delay=self._backoff.base_delay)
+        # Rampup starts from the floor and probes upward (the chapter).
+        self._concurrency = rampup.concurrency
+        self._rampup_applied = (rampup.delay, rampup.concurrency)
+
+    def _rampup_sync(self, rampup: RampupState) -> None:
+        # Values set from outside (set_scope_delay, a robots.txt Crawl-delay,
+        # set_concurrency) become rampup's new starting point.
+        delay, concurrency = self._rampup_applied
+        if self._backoff.base_delay != delay:
+            rampup.set_delay(self._backoff.base_delay)
+        if self._concurrency != concurrency and self._concurrency is not None:
+            rampup.set_concurrency(self._concurrency)
+        rampup.delay_floor = self._delay_floor
+
+    def _rampup_apply(self, rampup: RampupState, now: float) -> None:
+        """Enforce what rampup decided, if it changed anything."""
+        delay, concurrency = rampup.delay, rampup.concurrency
+        old_delay, old_concurrency = self._rampup_applied
+        if delay == old_delay and concurrency == old_concurrency:
+            return
+        self._rampup_applied = (delay, concurrency)
+        if delay != self._backoff.base_delay:
+            self._backoff.set_base_delay(delay)
+        if delay < old_delay:
+            # The spacing of the last send was drawn from the old delay.
+            self._next_allowed = min(self._next_allowed, now + self._spacing())
+        before = self.concurrency
+        self._concurrency = concurrency
+        after = self.concurrency
+        if before is not None and after is not None and after > before:
+            throttler = getattr(self.crawler, "throttler", None)
+            notify = getattr(throttler, "notify_slots_changed", None)
+            for _ in range(after - before):
+                self.wake_waiter()
+                if notify is not None:
+                    notify(self.id)
+        faster, slower = self._rampup_steps
+        self._rampup_steps = (rampup.faster_steps, rampup.slower_steps)
+        if self._stats is not None:
+            if rampup.faster_steps > faster:
+                self._stats.inc_value(
+                    "throttling/rampup/faster_count", rampup.faster_steps - faster
+                )
+            if rampup.slower_steps > slower:
+                self._stats.inc_value(
+                    "throttling/rampup/slower_count", rampup.slower_steps - slower
+                )
+        if self._debug:
+            logger.debug(
+                "Rampup for scope %s: delay %.3fs -> %.3fs, concurrency %s -> %s",
+                self.id,
+                old_delay,
+                delay,
+                old_concurrency,
+                concurrency,
+            )
+
+    def _rampup_check(self, now: float) -> None:
+        """Close finished rampup windows and note what holds requests back."""
+        rampup = self._rampup
+        assert rampup is not None
+        self._rampup_sync(rampup)
+        rampup.roll(now)
+        self._rampup_apply(rampup, now)
+        # Only a request held back by the delay or the concurrency that
+        # rampup controls tests them; a server-given hold tests nothing, nor
+        # does a lower limit of a subclass (the adaptive limit of
+        # LatencyScopeManager, for which rampup's value is the ceiling).
+        delay_held = self._next_allowed > now >= self._backoff.hold_until
+        limit = self._concurrency
+        concurrency_held = limit is not None and self.active >= limit
+        if delay_held or concurrency_held:
+            rampup.observe_hold(now, delay=delay_held, concurrency=concurrency_held)
+
+    def _rampup_trigger(self, now: float) -> bool:
+        """Count a backoff trigger for rampup; return whether the delay should
+        grow exponentially (always, without rampup)."""
+        rampup = self._rampup
+        if rampup is None:
+            return True
+        self._rampup_sync(rampup)
+        slowed = rampup.trigger(now)
+        self._rampup_apply(rampup, now)
+        return not slowed
+
     # -- hooks of this plugin ----------------------------------------------------
 
     def record_response(
@@ -223,10 +394,20 @@ class ThrottlingScopeManager:
             "backoff_level": backoff.level,
             "backoff_wait": backoff.wait(now),
             "backoff_count": backoff.trigger_count,
+            "delay_floor": self._delay_floor,
         }
         if self._quota is not None:
             state["quota_consumed"] = self._quota.consumed
             state["quota"] = self._quota.quota
+        rampup = self._rampup
+        if rampup is not None:
+            state.update(
+                rampup_window_triggers=rampup.triggers,
+                rampup_latency=rampup.latency,
+                rampup_too_fast_delay=rampup.too_fast_delay,
+                rampup_faster_count=rampup.faster_steps,
+                rampup_slower_count=rampup.slower_steps,
+            )
         return state
 
     def __repr__(self) -> str:
