@@ -3,6 +3,7 @@ quotas, robots.txt Crawl-delay, and a concurrency limit that adapts to each
 host's latency."""
 
 from ._addon import Addon
+from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
 from ._pqueue import ThrottlingAwarePriorityQueue
 from ._scope_manager import ThrottlingScopeManager
@@ -29,6 +30,7 @@ __all__ = [
     "BackoffConfig",
     "BackoffData",
     "BackoffScopeData",
+    "LatencyScopeManager",
     "RampupConfig",
     "RequestScopes",
     "ScopeID",

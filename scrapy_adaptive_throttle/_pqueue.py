@@ -403,13 +403,15 @@ class ThrottlingAwarePriorityQueue:
                 None if ready or wait else (entry.scopes[0] if entry.scopes else None)
             )
         request: Request | None
-        backfill = None
+        backfill: tuple[Request, ScopeValues] | None = None
         if (wait > 0 or blocked is not None) and head is not None and self._check:
-            backfill = self._backfill(entry, head, values, now)
-            if isinstance(backfill, str):
+            found = self._backfill(entry, head, values, now)
+            if isinstance(found, str):
                 # Only quota and a full slot hold the head back: wait for the
                 # slot, after which a smaller request may fit.
-                wait, blocked, backfill = 0.0, backfill, None
+                wait, blocked = 0.0, found
+            else:
+                backfill = found
         if backfill is not None:
             request, values = backfill
         elif wait > 0:
@@ -455,7 +457,7 @@ class ThrottlingAwarePriorityQueue:
         if wait > 0:
             return None
         if blocked is not None:
-            return blocked
+            return str(blocked)
         queue = entry.queue
         for priority, is_start, request in queue.iter_heads():
             if request is head:

@@ -17,6 +17,7 @@ from .headers import (
 from .jitter import NO_JITTER, JitterRange, apply_jitter
 from .latency import LatencyLimit
 from .quota import QuotaWindow
+from .rampup import RampupPolicy, RampupState
 
 __all__ = [
     "NO_JITTER",
@@ -25,6 +26,8 @@ __all__ = [
     "JitterRange",
     "LatencyLimit",
     "QuotaWindow",
+    "RampupPolicy",
+    "RampupState",
     "apply_jitter",
     "parse_ratelimit",
     "parse_ratelimit_remaining",

@@ -1,0 +1,176 @@
+"""A simulated host and a fake-clock crawl loop, for the latency-limit tests.
+
+The host is the guide's ("Adapting Crawl Rate to Host Latency"): ``workers``
+parallel workers taking ``service`` seconds per page, FIFO, answering 503 at
+once when ``queue`` requests already wait. The crawl loop keeps as many
+requests in flight as the client allows; each answer frees its slot
+``turnaround`` seconds later (the crawler's own processing time, which is what
+makes a small queue at the host necessary to reach its capacity), and the
+client may hold sends back (a pause after a 503).
+
+Everything runs on a fake clock, in microseconds of real time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["Client", "CrawlResult", "SimulatedHost", "mean", "simulate"]
+
+
+@dataclass
+class SimulatedHost:
+    """``workers`` x ``service`` seconds, a FIFO queue of ``queue`` requests.
+
+    ``service_at(now)``, if given, changes the service time of requests
+    starting service at ``now`` (a slowdown).
+    """
+
+    workers: int
+    service: float
+    queue: int = 16
+    noise: float = 0.1
+    service_at: Callable[[float], float] | None = None
+    rng: random.Random = field(default_factory=lambda: random.Random(1))
+    _free_at: list[float] = field(default_factory=list)
+    _waiting_starts: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._free_at = [0.0] * self.workers
+
+    @property
+    def capacity(self) -> float:
+        """Pages per second with every worker busy."""
+        return self.workers / self.service
+
+    def submit(self, now: float) -> tuple[float, bool]:
+        """Return when the answer arrives and whether it is a 503."""
+        self._waiting_starts = [s for s in self._waiting_starts if s > now]
+        if len(self._waiting_starts) >= self.queue:
+            return now + 0.001, True
+        start = max(now, heapq.heappop(self._free_at))
+        base = self.service_at(start) if self.service_at is not None else self.service
+        service = base * self.rng.uniform(1 - self.noise, 1 + self.noise)
+        heapq.heappush(self._free_at, start + service)
+        if start > now:
+            self._waiting_starts.append(start)
+        return start + service, False
+
+
+class Client(Protocol):
+    """What the crawl loop needs from the throttling under test."""
+
+    def limit(self) -> int:
+        """Requests allowed in flight now."""
+
+    def wait(self, now: float) -> float:
+        """Seconds before the next send is allowed (0: now)."""
+
+    def sent(self, now: float) -> None:
+        """A request was sent."""
+
+    def answered(self, now: float, latency: float, overloaded: bool) -> None:
+        """An answer arrived (its slot is still taken)."""
+
+    def freed(self, now: float) -> None:
+        """The slot of an answered request is free again."""
+
+
+@dataclass
+class CrawlResult:
+    """What a simulated crawl did: ``trace`` is ``(time, fractional limit)``
+    after each answer, ``answers`` is ``(time, latency)`` per page."""
+
+    trace: list[tuple[float, float]]
+    answers: list[tuple[float, float]]
+    overloads: list[float]
+    sends: list[float]
+
+    @property
+    def pages(self) -> int:
+        return len(self.answers)
+
+    def limits(self, start: float, end: float = math.inf) -> list[float]:
+        return [limit for time, limit in self.trace if start <= time < end]
+
+    def rate(self, start: float, end: float) -> float:
+        """Pages per second answered in ``[start, end)``."""
+        count = sum(1 for time, _ in self.answers if start <= time < end)
+        return count / (end - start)
+
+    def median_latency(self, start: float, end: float = math.inf) -> float:
+        latencies = sorted(lat for time, lat in self.answers if start <= time < end)
+        return latencies[len(latencies) // 2]
+
+
+def simulate(
+    client: Client,
+    host: SimulatedHost,
+    duration: float,
+    *,
+    turnaround: float = 0.002,
+    limit_of: Callable[[], float] | None = None,
+) -> CrawlResult:
+    """Crawl ``host`` for ``duration`` seconds of fake time with ``client``.
+
+    ``limit_of`` returns the fractional limit recorded in the trace (the
+    whole-number limit by default).
+    """
+    events: list[tuple[float, int, str, float, bool]] = []
+    sequence = 0
+    in_flight = 0
+    result = CrawlResult([], [], [], [])
+    read_limit = limit_of or (lambda: float(client.limit()))
+    wake_at = math.inf
+
+    def schedule(time: float, kind: str, sent: float = 0.0, over: bool = False) -> None:
+        nonlocal sequence
+        sequence += 1
+        heapq.heappush(events, (time, sequence, kind, sent, over))
+
+    def fill(now: float) -> None:
+        nonlocal in_flight, wake_at
+        while in_flight < client.limit():
+            wait = client.wait(now)
+            if wait > 0:
+                if now + wait < wake_at:
+                    wake_at = now + wait
+                    schedule(wake_at, "wake")
+                return
+            in_flight += 1
+            client.sent(now)
+            result.sends.append(now)
+            answer_at, over = host.submit(now)
+            schedule(answer_at, "answer", now, over)
+
+    fill(0.0)
+    while events:
+        now, _, kind, sent, over = heapq.heappop(events)
+        if now > duration:
+            break
+        if kind == "answer":
+            client.answered(now, now - sent, over)
+            if over:
+                result.overloads.append(now)
+            else:
+                result.answers.append((now, now - sent))
+            result.trace.append((now, read_limit()))
+            schedule(now + turnaround, "free")
+        elif kind == "free":
+            in_flight -= 1
+            client.freed(now)
+            fill(now)
+        else:
+            if now >= wake_at:
+                wake_at = math.inf
+            fill(now)
+    return result
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
