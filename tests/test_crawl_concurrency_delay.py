@@ -178,6 +178,8 @@ async def test_delay_bound_scope_does_not_hold_back_an_unthrottled_one(simhosts)
     assert slow_stats["max_concurrency"] == 1
     # The spider closed at once, with 40+ slow requests still queued.
     assert crawler.stats.get_value("finish_reason") == "fast_done"
+    # Closing released every reservation, in flight or not.
+    assert crawler.throttler._reserved == {}
 
 
 @deferred_f_from_coro_f
