@@ -57,7 +57,9 @@ async def test_reservations_are_released_on_every_outcome(simhosts):
             "ADDONS": {"scrapy_adaptive_throttle.Addon": 500},
             "ROBOTSTXT_OBEY": True,
             "RETRY_TIMES": 1,
-            "THROTTLING_SCOPE_MANAGER": "scrapy_adaptive_throttle.ThrottlingScopeManager",
+            "THROTTLING_SCOPE_MANAGER": (
+                "scrapy_adaptive_throttle.ThrottlingScopeManager"
+            ),
             "THROTTLING_SCOPES": {hosts.netloc("A"): {"concurrency": 1}},
             "DOWNLOADER_MIDDLEWARES": {f"{__name__}.IgnoreSomeMiddleware": 960},
             # Only the outcome matters here, not backoff delays.
