@@ -131,6 +131,9 @@ CONFIGS: dict[str, ConfigSpec] = {
         "ADDONS": ADDON,
         "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
     },
+    # The add-on with its defaults: LatencyScopeManager, whose ceiling is the
+    # scenario's CONCURRENT_REQUESTS_PER_DOMAIN.
+    "addon-default": {"ADDONS": ADDON},
     "latency-1.5": _latency(1.5),
     "latency-2.0": _latency(2.0),
     "plain-scrapy": {},
@@ -246,8 +249,13 @@ SCENARIOS: dict[str, Scenario] = {
             hosts=[{"name": "U", "kind": "unlimited", "service_time": 0.001}],
             pages={"U": 3000},
             quick_pages={"U": 1000},
-            configs=["probe", "plain-scrapy", "plain-scope-manager"],
-            quick_configs=["probe", "plain-scrapy", "plain-scope-manager"],
+            configs=["probe", "plain-scrapy", "plain-scope-manager", "addon-default"],
+            quick_configs=[
+                "probe",
+                "plain-scrapy",
+                "plain-scope-manager",
+                "addon-default",
+            ],
             settings={"CONCURRENT_REQUESTS": 16, "CONCURRENT_REQUESTS_PER_DOMAIN": 16},
             ratio_to="plain-scrapy",
         ),

@@ -9,7 +9,8 @@ counted per window of ``window`` seconds (:setting:`BACKOFF_WINDOW`):
 * a count within ``[low, high]`` -> hold the current rate;
 * a trigger that takes the count above ``high`` -> one step *slower* at once:
   undo the last faster step (or, with none to undo, one concurrency slot less,
-  else the delay divided by ``delay_factor``).
+  else slow down to the rate the server accepted during the window, by at
+  least ``finest_factor`` and at most ``delay_factor``).
 
 Differences from the pull request, on purpose (PROTOCOL.md 2.6):
 
@@ -284,7 +285,12 @@ class RampupState:
             return False
         self._integrate(now, self._active)
         latency = self._window_latency()
-        slowed = self._slower(latency)
+        # What the server accepted in this window, over the time the scope
+        # could send (pauses shift the window's start, so they are left out).
+        accepted = self.sends - self.triggers
+        elapsed = now - (self.window_start or now)
+        accepted_interval = elapsed / accepted if accepted > 0 < elapsed else None
+        slowed = self._slower(latency, accepted_interval)
         self._restart(now)
         self._settle_until = now + (latency or 0.0)
         return slowed
@@ -426,7 +432,7 @@ class RampupState:
         self._patience = min(_MAX_PATIENCE, self._patience * 2)
         return True
 
-    def _slower(self, latency: float | None) -> bool:
+    def _slower(self, latency: float | None, accepted_interval: float | None) -> bool:
         policy = self.policy
         self._waited = 0
         if self._history:
@@ -441,7 +447,8 @@ class RampupState:
             self.concurrency -= 1
         else:
             # The starting point was already too fast: slow down from the
-            # rate actually reached.
+            # rate actually reached to the rate the server accepted, by at
+            # least the finest step and at most one delay_factor step.
             interval = self.delay
             if latency is not None:
                 interval = max(interval, latency / self.concurrency)
@@ -449,6 +456,9 @@ class RampupState:
                 return False
             self.too_fast_delay = interval
             self.delay = interval / policy.delay_factor
+            if accepted_interval is not None:
+                gentlest = interval / policy.finest_factor
+                self.delay = min(self.delay, max(accepted_interval, gentlest))
         self.slower_steps += 1
         return True
 
