@@ -169,6 +169,18 @@ def run_config(
     return {"config": name, "status": "ok", "crawl": crawl, "server": server}
 
 
+def time_to_reach(done: list[float], target: float, span: float) -> float | None:
+    """Seconds until the pages/s over the last *span* seconds first reach
+    *target* (None: never)."""
+    start = 0
+    for end, t in enumerate(done):
+        while done[start] < t - span:
+            start += 1
+        if t >= span and (end - start + 1) / span >= target:
+            return t
+    return None
+
+
 def analyse(record: dict[str, Any], rate: float, window: float) -> dict[str, Any]:
     """Throughput and 429 figures of one run."""
     host = record["crawl"]["hosts"]["R"]
@@ -181,6 +193,7 @@ def analyse(record: dict[str, Any], rate: float, window: float) -> dict[str, Any
     counts = per_window(server["arrivals"], 429, window)
     # The last window is partial: leave it out of the mean.
     full = counts[:-1] or counts
+    reached = time_to_reach(done, 0.9 * rate, window)
     return {
         "pages": len(done),
         "pages_requested": host["pages_requested"],
@@ -190,6 +203,12 @@ def analyse(record: dict[str, Any], rate: float, window: float) -> dict[str, Any
         "settled_ratio": (len(second_half) / (elapsed - half) / rate)
         if elapsed
         else 0.0,
+        "reached_at": reached,
+        "after_ratio": (
+            sum(t >= reached for t in done) / (elapsed - reached) / rate
+            if reached is not None and elapsed > reached
+            else None
+        ),
         "count_429": server["status_counts"].get("429", 0),
         "per_window_429": counts,
         "mean_429_per_window": statistics.mean(full) if full else 0.0,
@@ -203,10 +222,15 @@ def analyse(record: dict[str, Any], rate: float, window: float) -> dict[str, Any
     }
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def format_table(results: list[dict[str, Any]], rate: float, window: float) -> str:
     header = (
         f"{'config':<20} {'pages':>11} {'time s':>7} {'pages/s':>8} {'ratio':>6} "
-        f"{'settled':>8} {'429s':>6} {'429/win':>8} {'max/win':>8}"
+        f"{'settled':>8} {'t0.9N':>6} {'after':>6} {'429s':>6} {'429/win':>8} "
+        f"{'max/win':>8}"
     )
     lines = [header, "-" * len(header)]
     for result in results:
@@ -218,14 +242,17 @@ def format_table(results: list[dict[str, Any]], rate: float, window: float) -> s
         lines.append(
             f"{result['config']:<20} {pages:>11} {m['elapsed']:>7.1f} "
             f"{m['pages_per_second']:>8.1f} {m['ratio']:>6.3f} "
-            f"{m['settled_ratio']:>8.3f} "
+            f"{m['settled_ratio']:>8.3f} {_fmt(m['reached_at'], '.0f'):>6} "
+            f"{_fmt(m['after_ratio'], '.3f'):>6} "
             f"{m['count_429']:>6} {m['mean_429_per_window']:>8.2f} "
             f"{m['max_429_per_window']:>8}"
         )
     lines.append(
         f"N = {rate:g} requests/s; ratio = pages/s / N over the whole crawl; settled = "
-        f"the same over its second half; 429/win = mean 429s per {window:g} s window "
-        "of server time (full windows), max/win = the most in one window"
+        f"the same over its second half; t0.9N = seconds until the pages/s over the "
+        f"last {window:g} s first reached 0.9 N, after = pages/s / N from then on; "
+        f"429/win = mean 429s per {window:g} s window of server time (full windows), "
+        "max/win = the most in one window"
     )
     return "\n".join(lines)
 
@@ -237,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="N, requests/s")
     parser.add_argument("--pages", type=int, default=6000)
     parser.add_argument(
-        "--window", type=float, default=20.0, help="BACKOFF_WINDOW of rampup, seconds"
+        "--window", type=float, default=10.0, help="BACKOFF_WINDOW of rampup, seconds"
     )
     parser.add_argument("--service-time", type=float, default=0.01)
     parser.add_argument("--max-seconds", type=float, default=300.0)

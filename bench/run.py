@@ -142,6 +142,10 @@ CONFIGS: dict[str, ConfigSpec] = {
 }
 
 
+#: Scrapy settings given with ``--set NAME=VALUE``, applied over every crawl's.
+EXTRA_SETTINGS: Settings = {}
+
+
 def uses_plugin(settings: Settings) -> bool:
     return any(
         "scrapy_adaptive_throttle" in str(key) for key in settings.get("ADDONS", {})
@@ -450,6 +454,7 @@ def run_crawl_config(
         spec = CONFIGS[config_name]
         settings = dict(spec(netlocs) if callable(spec) else spec)
         settings.update(scenario.settings)
+        settings.update(EXTRA_SETTINGS)
         plugin = uses_plugin(settings)
         crawl_config = {
             "hosts": [
@@ -550,6 +555,10 @@ def analyse_run(
             "failure_examples": host.get("failure_examples", {}),
             "latency_p50": host["latency_p50"],
             "latency_p90": host["latency_p90"],
+            # What the host saw: arrival to answer, for the pages it served.
+            "server_latency_p50": _median(
+                [a[4] for a in server["arrivals"] if a[3] == 200 and a[4] is not None]
+            ),
             "settled_limit": settled_limit(
                 host["state_samples"], host["first_sent_epoch"], host["last_page_epoch"]
             ),
@@ -600,7 +609,11 @@ def _fmt(value: Any, spec: str = ".0f", missing: str = "-") -> str:
 
 
 #: Column widths of the table; the first two columns are left-aligned.
-COLUMN_WIDTHS = (23, 4, 10, 8, 8, 5, 5, 7, 7, 6, 5, 6)
+COLUMN_WIDTHS = (23, 4, 10, 8, 8, 5, 5, 7, 7, 7, 6, 5, 6)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _row(*cells: Any) -> str:
@@ -634,6 +647,7 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
         "429",
         "p50 ms",
         "p90 ms",
+        "srv p50",
         "limit",
         "held",
         "time s",
@@ -664,6 +678,7 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
                         "-",
                         "-",
                         "-",
+                        "-",
                         host["concurrency"],
                         "-",
                         f"{host['elapsed']:.1f}",
@@ -684,6 +699,12 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
                     m["count_429"],
                     _fmt(p50, ".1f"),
                     _fmt(p90, ".1f"),
+                    _fmt(
+                        m["server_latency_p50"] * 1000
+                        if m["server_latency_p50"] is not None
+                        else None,
+                        ".1f",
+                    ),
                     _fmt(m["settled_limit"], ".1f"),
                     m["max_held"],
                     f"{run['crawl']['hosts'][name]['elapsed']:.1f}",
@@ -747,8 +768,10 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
             if scenario.ratio_to == "capacity"
             else f"ratio*: pages/s over {scenario.ratio_to}'s (same repeat)"
         )
-        + "; limit: settled limit (median over the last 30% of the host's crawl); "
-        "held: max requests the host held at once"
+        + "; p50/p90: download_latency seen by Scrapy; srv p50: median "
+        "arrival-to-answer time at the host; limit: settled limit (median over "
+        "the last 30% of the host's crawl); held: max requests the host held at "
+        "once"
     )
     if scenario.note:
         lines.append(scenario.note)
@@ -970,7 +993,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, help="hard timeout per crawl process, seconds"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Scrapy setting for every crawl (VALUE read as JSON if it "
+        "parses, else a string), e.g. --set CONCURRENT_ITEMS=1; repeatable",
+    )
     args = parser.parse_args(argv)
+    for item in args.set:
+        setting, sep, raw = item.partition("=")
+        if not sep or not setting:
+            parser.error(f"--set expects NAME=VALUE, got {item!r}")
+        try:
+            EXTRA_SETTINGS[setting] = json.loads(raw)
+        except ValueError:
+            EXTRA_SETTINGS[setting] = raw
 
     configs = None
     if args.configs:
@@ -998,6 +1037,9 @@ def main(argv: list[str] | None = None) -> int:
             log=log,
         )
         result["environment"] = environment()
+        result["extra_settings"] = EXTRA_SETTINGS
+        if EXTRA_SETTINGS:
+            print(f"settings over every crawl (--set): {EXTRA_SETTINGS}")
         print(format_table(scenario, result), flush=True)
         print(flush=True)
         (args.out / f"results-{name}.json").write_text(json.dumps(result))

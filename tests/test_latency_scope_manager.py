@@ -339,7 +339,7 @@ async def test_fast_error_pages_and_missing_latencies_never_raise_it() -> None:
 
 
 def test_a_raised_limit_wakes_waiting_requests() -> None:
-    manager, _clock = make_manager()
+    manager, _ = make_manager()
     limit = scope_manager(manager)
     woken: list[str] = []
     manager.add_release_listener(woken.append)
@@ -347,15 +347,17 @@ def test_a_raised_limit_wakes_waiting_requests() -> None:
     limit.record_sent(0.0)
     limit.record_sent(0.0)
     assert limit.concurrency_blocked()
-    limit.record_response(0.02, 200, 0.02)  # 2 -> 2.5: still 2
-    assert woken == []
-    assert not event.called
-    limit.record_response(0.02, 200, 0.021)  # 2.5 -> 2.9
-    limit.record_response(0.02, 200, 0.022)  # -> 3.24: one more slot
+    limit.record_response(0.3, 200, 0.3)  # a first answer, 2 -> 3 (slow start)
     assert limit.concurrency == 3
     assert woken == [SCOPE]
     assert event.called
     assert not limit.concurrency_blocked()
+    limit.record_sent(0.3)
+    # An answer in the upper half of the band: slow start ends, and the limit
+    # grows by a fraction, which frees no slot and wakes nobody.
+    limit.record_response(0.42, 200, 0.75)
+    assert 3 < limit.latency_limit.limit < 4
+    assert woken == [SCOPE]
 
 
 def test_crawl_delay_caps_the_limit_and_spaces_requests() -> None:
@@ -436,14 +438,14 @@ def test_state_names_limit_bounds_latencies_and_backoff() -> None:
     limit.record_response(0.03, 200, 0.03)
     state = manager.get_scope_state(SCOPE)
     assert state["manager"] == "LatencyScopeManager"
-    assert state["limit"] == 2
+    assert state["limit"] == 3  # slow start: 2 + 1
     assert state["in_flight"] == 1
     assert (state["floor"], state["ceiling"]) == (1, 8)
     assert state["best_latency"] == state["last_latency"] == 0.03
     assert state["backoff_level"] == 0
     assert [s["scope"] for s in manager.iter_scope_states()] == [SCOPE]
     text = format_state(state)
-    assert "limit 2" in text
+    assert "limit 3" in text
     assert "best 30 ms" in text
 
 
@@ -484,5 +486,5 @@ def test_scope_states_are_logged_with_throttling_debug(
     limit.record_response(0.05, 200, 0.05)
     with caplog.at_level(logging.INFO):
         diagnostics.log_states()
-    assert f"{SCOPE}: limit 2" in caplog.text
+    assert f"{SCOPE}: limit 3" in caplog.text
     assert "best 50 ms" in caplog.text

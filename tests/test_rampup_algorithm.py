@@ -289,8 +289,36 @@ def test_faster_steps_bisect_toward_a_known_too_fast_delay() -> None:
     assert state.delay == pytest.approx(math.sqrt(0.5))
 
 
+@pytest.mark.parametrize(
+    ("target", "kept_with"), [((1.0, 1.0), 0), ((1.0, 3.0), 2), ((0.5, 0.5), 0)]
+)
+def test_step_toward_a_pace_found_too_fast_must_stay_below_the_top(
+    target: tuple[float, float], kept_with: int
+) -> None:
+    """A free step is kept with up to ``high`` triggers in its window; a step
+    toward a pace already found too fast (bisection, probe) is tentative and
+    is undone by the trigger that reaches ``high``."""
+    state = fresh(delay=1.0, target=target)
+    end = window(state, 0.0, latency=0.01)
+    state.roll(end)  # a free step: 0.5
+    for index in range(int(target[1])):
+        state.trigger(end + index)
+    assert state.delay == 0.5  # within the target: kept
+    state.trigger(end + 5)  # above it: undone
+    assert (state.delay, state.too_fast_delay) == (1.0, 0.5)
+    end = window(state, end + 5, latency=0.01)
+    state.roll(end)
+    assert state.delay == pytest.approx(math.sqrt(0.5))  # tentative
+    for index in range(kept_with):
+        state.trigger(end + index)
+    assert state.delay == pytest.approx(math.sqrt(0.5))
+    state.trigger(end + 5)
+    assert state.delay == 1.0
+    assert state.too_fast_delay == pytest.approx(math.sqrt(0.5))
+
+
 def test_known_limit_is_probed_with_growing_patience() -> None:
-    state = fresh(delay=1.0)
+    state = fresh(delay=1.0, finest_factor=0.95)
     state.too_fast_delay = 0.97  # within finest_factor (0.95) of the delay
     start = 0.0
 
@@ -301,14 +329,31 @@ def test_known_limit_is_probed_with_growing_patience() -> None:
 
     quiet()
     assert state.delay == pytest.approx(0.95)  # first probe at once
-    state.trigger(start + 1)
-    state.trigger(start + 2)  # the probe failed
-    start += 2
+    state.trigger(start + 1)  # the probe failed (one trigger is enough)
+    start += 1
     assert state.delay == 1.0
     quiet()
     assert state.delay == 1.0  # patience: one quiet window held
     quiet()
     assert state.delay == pytest.approx(0.95)  # then the next probe
+
+
+@pytest.mark.parametrize("delay", [0.0199, 0.0213, 0.3, 1.7, 4.1])
+def test_a_failed_probe_is_not_probed_again_at_once(delay: float) -> None:
+    """Whatever the rounding of ``delay * finest_factor``, a probe of one
+    finest step that failed closes the bracket: the next quiet window holds."""
+    state = fresh(delay=delay, finest_factor=0.95)
+    end = window(state, 0.0, latency=0.0001)
+    state.too_fast_delay = delay * 0.96  # within finest_factor: probe due
+    state.roll(end)
+    probe = state.delay
+    assert probe == pytest.approx(delay * 0.95)
+    state.trigger(end + 1)
+    assert state.delay == delay
+    assert state.too_fast_delay == probe
+    end = window(state, end + 1, latency=0.0001)
+    state.roll(end)
+    assert state.delay == delay
 
 
 def test_rebase_from_outside_forgets_the_history() -> None:

@@ -25,6 +25,13 @@ Changes to the guide, each for a measured or structural reason:
   run a round ahead of what the host was seen to take (on host B, 2 x 50 ms,
   half the crawl at a limit of 4, whose 100 ms latencies pushed the median
   past the tolerance).
+* **Slow start** (TCP's): until the first answer outside the lower half of
+  the tolerance band, the first slow round or the first overload, each fast
+  answer adds a whole request instead of ``1 / limit``, doubling the limit
+  every round, so a crawl that starts at 2 reaches host A's 12 in about
+  0.15 s instead of 0.8 s (measured: +1% to +10% of A's pages/s over a
+  2000-page crawl, no 503). The first answer that shows a queue forming at
+  the host ends it, before the queue gets long.
 * **Growth slows down near the tolerance**: the full ``1 / limit`` step for
   answers in the lower half of the tolerance band (up to ``best * (1 +
   (tolerance - 1) / 2)``), tapering linearly to nothing at its top. The limit
@@ -41,12 +48,12 @@ Changes to the guide, each for a measured or structural reason:
   slow for reasons on the crawler's side (its event loop was busy when the
   answer arrived; p90 is 1.4x p50 with no request queued at the host), and
   the guide's per-answer rule turned that noise into decreases, holding host
-  A at a limit of 10-11 and 0.8 of its capacity. Deciding on the round's majority follows the median,
-  which is also what the tolerance promises: at the settled limit the median
-  latency stays within the tolerance of the best. Only answers to requests
-  sent after the last decision count, so a queue that built up before a
-  decrease, draining as a burst of slow answers, is counted once (TCP's one
-  decrease per round trip).
+  A at a limit of 10-11 and 0.8 of its capacity. Deciding on the round's
+  majority follows the median, which is also what the tolerance promises: at
+  the settled limit the median latency stays within the tolerance of the
+  best. Only answers to requests sent after the last decision count, so a
+  queue that built up before a decrease, draining as a burst of slow answers,
+  is counted once (TCP's one decrease per round trip).
 * **A slowdown the limit cannot fix becomes the baseline at once.** When
   every answer of three rounds in a row is slow, and the fastest answer of a
   round did not get faster (by 5%) after the limit was lowered, the latency is
@@ -56,6 +63,12 @@ Changes to the guide, each for a measured or structural reason:
   3-second slowdown while every answer looked slow against the old best; this
   takes three rounds. A queue the crawler causes shrinks when the limit
   does, and never triggers it.
+* **A resolution**: an answer is only slow when it is also ``resolution``
+  seconds above the best. The crawler measures latency on its own event
+  loop, which adds milliseconds of noise that grow with its load; for a host
+  answering in 1.5 ms, the tolerance of 1.5 is 0.75 ms, far inside that
+  noise, and the limit stayed at 3 (0.7-0.85 of the throughput of a fixed
+  limit of 16, with no queue at the host at all).
 * **An overload halves the limit once per round**: at most once per recent
   best latency, so the burst of 503s shed from one round counts once; and it
   starts a new round.
@@ -91,7 +104,13 @@ class LatencyLimit:
     :param tolerance: how much latency above the recent best counts as
         normal; a politeness setting (1.5 = at most ~50% added latency).
     :param window: seconds after which a best latency starts to expire.
-    :raises ValueError: on a tolerance below 1 or a non-finite window.
+    :param resolution: the smallest added latency (seconds) that counts as
+        slow, whatever the tolerance: differences below the noise of the
+        crawler's own measurements say nothing about the host.
+    :param slow_start: start by doubling the limit every round until the
+        first sign of a queue (TCP's slow start).
+    :raises ValueError: on a tolerance below 1, a non-finite window or a
+        negative resolution.
 
     Attributes: ``limit`` (the fractional limit), ``tolerance``, ``window``,
     ``best`` (the recent best latency, None before the first sample),
@@ -114,6 +133,7 @@ class LatencyLimit:
         "_round_min",
         "_slow",
         "_slow_round_min",
+        "_slow_start",
         "_window_start",
         "best",
         "decrease_count",
@@ -122,6 +142,7 @@ class LatencyLimit:
         "limit",
         "overload_count",
         "rebaseline_count",
+        "resolution",
         "tolerance",
         "window",
     )
@@ -134,12 +155,17 @@ class LatencyLimit:
         maximum: int = 8,
         tolerance: float = 1.5,
         window: float = 30.0,
+        resolution: float = 0.0,
+        slow_start: bool = True,
     ) -> None:
         if not (math.isfinite(tolerance) and tolerance >= 1):
             raise ValueError(f"tolerance must be >= 1, got {tolerance!r}")
         if not math.isfinite(window):
             raise ValueError(f"window must be a finite number, got {window!r}")
+        if not (math.isfinite(resolution) and resolution >= 0):
+            raise ValueError(f"resolution must be >= 0, got {resolution!r}")
         self.tolerance = tolerance
+        self.resolution = resolution
         self.window = window
         self.limit = float(initial)
         self._minimum = 1
@@ -168,6 +194,12 @@ class LatencyLimit:
         # not get faster.
         self._slow_round_min: float | None = None
         self._flat = 0
+        self._slow_start = slow_start
+
+    @property
+    def in_slow_start(self) -> bool:
+        """Whether the limit still doubles every round (no queue seen yet)."""
+        return self._slow_start
 
     @property
     def minimum(self) -> int:
@@ -234,20 +266,22 @@ class LatencyLimit:
 
         limit = self.limit
         sent = now - latency
-        threshold = best * self.tolerance
+        threshold = max(best * self.tolerance, best + self.resolution)
         if latency <= threshold:
+            band = threshold - best
+            step = 2.0 * (threshold - latency) / band if band > 0 else 1.0
+            if step < 1.0:
+                self._slow_start = False
             # int(limit) is current(): the limit always lies within its bounds.
             if (
                 limit < self._maximum
                 and in_flight >= int(limit) - 1
-                and sent >= self._raised_at
+                and (self._slow_start or sent >= self._raised_at)
             ):
-                # The full step in the lower half of the tolerance band,
-                # tapering to nothing at its top: the limit slows down as it
-                # nears the one it should keep.
-                band = threshold - best
-                step = 2.0 * (threshold - latency) / band if band > 0 else 1.0
-                grown = limit + (step if step < 1.0 else 1.0) / limit
+                if self._slow_start:
+                    grown = limit + 1.0
+                else:
+                    grown = limit + (step if step < 1.0 else 1.0) / limit
                 if grown >= self._maximum:
                     grown = float(self._maximum)
                 if int(grown) > int(limit):
@@ -258,8 +292,10 @@ class LatencyLimit:
                 self._fast += 1
                 if 2 * self._fast > int(limit):
                     self._end_round(now, slow=False)
-        elif sent >= self._mark:
-            self._count_slow(now, latency)
+        else:
+            self._slow_start = False
+            if sent >= self._mark:
+                self._count_slow(now, latency)
 
     def on_error_response(self, now: float, latency: float) -> None:
         """Adapt to an error page (e.g. 404, 500; not a backoff code).
@@ -275,7 +311,7 @@ class LatencyLimit:
         best = self.best
         if (
             best is not None
-            and latency > best * self.tolerance
+            and latency > max(best * self.tolerance, best + self.resolution)
             and now - latency >= self._mark
         ):
             self._count_slow(now, latency)
@@ -288,6 +324,7 @@ class LatencyLimit:
 
     def _end_round(self, now: float, *, slow: bool) -> None:
         if slow:
+            self._slow_start = False
             limit = self.limit
             # x0.9, but at least one request less: at small limits a tenth
             # is less than the +1 a round of growth adds back.
@@ -332,6 +369,7 @@ class LatencyLimit:
         round count once); every overload starts a new round.
         """
         self.overload_count += 1
+        self._slow_start = False
         if now >= self._last_overload + (self.best or 0.0):
             self.limit = max(float(self._minimum), self.limit / 2)
             self._last_overload = now

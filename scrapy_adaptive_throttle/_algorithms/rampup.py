@@ -9,8 +9,7 @@ counted per window of ``window`` seconds (:setting:`BACKOFF_WINDOW`):
 * a count within ``[low, high]`` -> hold the current rate;
 * a trigger that takes the count above ``high`` -> one step *slower* at once:
   undo the last faster step (or, with none to undo, one concurrency slot less,
-  else slow down to the rate the server accepted during the window, by at
-  least ``finest_factor`` and at most ``delay_factor``).
+  else the rate reached slowed by one ``delay_factor`` step).
 
 Differences from the pull request, on purpose (PROTOCOL.md 2.6):
 
@@ -42,8 +41,13 @@ Differences from the pull request, on purpose (PROTOCOL.md 2.6):
   probes just past the known limit, so that a limit that was raised is found
   again without paying for a probe every window; a successful probe resumes
   the search with steps that double from ``finest_factor`` up to
-  ``delay_factor``. ``gentle=False`` keeps the exponential step
-  (``bench/ratelimit.py`` measures both).
+  ``delay_factor``. A step toward a pace already found too fast (bisection or
+  probe) is tentative: the trigger that *reaches* the top of the target
+  undoes it (with the default target of 1, its first trigger), where a free
+  step holds with that many. A failed probe then costs one refusal, not two,
+  and every refusal behind a ``Retry-After`` pauses the scope.
+  ``gentle=False`` keeps the exponential step (``bench/ratelimit.py``
+  measures both).
 
 Server-given waits (``Retry-After``) are the caller's to honour, whatever
 rampup decides; the caller reports them with :meth:`RampupState.pause`, and
@@ -95,7 +99,7 @@ class RampupPolicy:
     min_concurrency: int = 1
     max_concurrency: int | None = None
     gentle: bool = True
-    finest_factor: float = 0.95
+    finest_factor: float = 0.98
 
     def __post_init__(self) -> None:
         low, high = self.target
@@ -166,6 +170,7 @@ class RampupState:
         "_patience",
         "_paused_until",
         "_settle_until",
+        "_tentative",
         "_waited",
         "concurrency",
         "delay",
@@ -207,6 +212,7 @@ class RampupState:
         self._waited = 0
         self._history: list[tuple[float, int]] = []
         self._settle_until = -math.inf
+        self._tentative = False
         self._paused_until = -math.inf
         self.faster_steps = 0
         self.slower_steps = 0
@@ -278,19 +284,19 @@ class RampupState:
             # Sent before the last slower step: it says nothing of the new rate.
             return True
         self.triggers += 1
-        if self.triggers <= self.policy.target[1]:
+        high = self.policy.target[1]
+        if self._tentative:
+            # A step toward a pace already found too fast must stay below
+            # the top of the target to be kept.
+            high = max(high, 1.0) - 1.0
+        if self.triggers <= high:
             return True
         if not self.policy.gentle:
             self._restart(now)
             return False
         self._integrate(now, self._active)
         latency = self._window_latency()
-        # What the server accepted in this window, over the time the scope
-        # could send (pauses shift the window's start, so they are left out).
-        accepted = self.sends - self.triggers
-        elapsed = now - (self.window_start or now)
-        accepted_interval = elapsed / accepted if accepted > 0 < elapsed else None
-        slowed = self._slower(latency, accepted_interval)
+        slowed = self._slower(latency)
         self._restart(now)
         self._settle_until = now + (latency or 0.0)
         return slowed
@@ -331,6 +337,8 @@ class RampupState:
                 sample if self.latency is None else (self.latency + sample) / 2
             )
         stepped = 0
+        # A window that ended without a slower step accepted the last step.
+        self._tentative = False
         if self.triggers < self.policy.target[0] and self._tested():
             stepped = int(self._faster())
         # Windows after the first one saw nothing (any activity would have
@@ -373,6 +381,7 @@ class RampupState:
         policy = self.policy
         before = (self.delay, self.concurrency)
         if self._delay_limits():
+            tentative = self.too_fast_delay is not None
             delay = self._faster_delay()
             if delay is None:
                 return False
@@ -381,6 +390,7 @@ class RampupState:
             policy.max_concurrency is None or self.concurrency < policy.max_concurrency
         ):
             too_fast = self.too_fast_concurrency
+            tentative = too_fast is not None
             if too_fast is not None and self.concurrency + 1 >= too_fast:
                 if not self._probe_due():
                     return False
@@ -397,6 +407,7 @@ class RampupState:
             return False
         self._history.append(before)
         del self._history[:-_HISTORY_LIMIT]
+        self._tentative = tentative
         self.faster_steps += 1
         return True
 
@@ -414,7 +425,9 @@ class RampupState:
             self._factor = max(policy.delay_factor, self._factor**2)
             self._patience = 1
             return lowered
-        if too_fast / delay < policy.finest_factor:
+        # (The margin keeps rounding from reading a failed probe of exactly
+        # one finest step as a bracket still open.)
+        if too_fast < delay * policy.finest_factor * (1 - 1e-9):
             return math.sqrt(delay * too_fast)
         if not self._probe_due():
             return None
@@ -432,9 +445,10 @@ class RampupState:
         self._patience = min(_MAX_PATIENCE, self._patience * 2)
         return True
 
-    def _slower(self, latency: float | None, accepted_interval: float | None) -> bool:
+    def _slower(self, latency: float | None) -> bool:
         policy = self.policy
         self._waited = 0
+        self._tentative = False
         if self._history:
             delay, concurrency = self._history.pop()
             if concurrency < self.concurrency:
@@ -447,8 +461,11 @@ class RampupState:
             self.concurrency -= 1
         else:
             # The starting point was already too fast: slow down from the
-            # rate actually reached to the rate the server accepted, by at
-            # least the finest step and at most one delay_factor step.
+            # rate actually reached, by one delay_factor step (the bisection
+            # then climbs back toward it). Slowing only to the rate the
+            # server accepted was measured worse: a rate limiter's initial
+            # burst allowance inflates it, and each extra round of refusals
+            # costs a Retry-After pause.
             interval = self.delay
             if latency is not None:
                 interval = max(interval, latency / self.concurrency)
@@ -456,9 +473,6 @@ class RampupState:
                 return False
             self.too_fast_delay = interval
             self.delay = interval / policy.delay_factor
-            if accepted_interval is not None:
-                gentlest = interval / policy.finest_factor
-                self.delay = min(self.delay, max(accepted_interval, gentlest))
         self.slower_steps += 1
         return True
 

@@ -60,7 +60,13 @@ def test_set_bounds_reclamps(
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"tolerance": 0.9}, {"tolerance": math.nan}, {"window": math.inf}]
+    "kwargs",
+    [
+        {"tolerance": 0.9},
+        {"tolerance": math.nan},
+        {"window": math.inf},
+        {"resolution": -1.0},
+    ],
 )
 def test_invalid_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -68,12 +74,12 @@ def test_invalid_arguments(kwargs: dict[str, Any]) -> None:
 
 
 def test_current_is_the_integer_part() -> None:
-    limit = LatencyLimit(initial=3.99)
+    limit = LatencyLimit(slow_start=False, initial=3.99)
     assert limit.current() == 3
 
 
 def test_fast_answers_grow_by_one_over_limit() -> None:
-    limit = LatencyLimit(initial=2.0)
+    limit = LatencyLimit(slow_start=False, initial=2.0)
     limit.on_response(0.0, 0.1, in_flight=2)
     assert limit.limit == 2.5
     assert limit.best == limit.last_latency == 0.1
@@ -90,20 +96,66 @@ def test_fast_answers_grow_by_one_over_limit() -> None:
 def test_growth_tapers_off_towards_the_tolerance(
     latency: float, expected: float
 ) -> None:
-    limit = LatencyLimit(initial=2.0)
+    limit = LatencyLimit(slow_start=False, initial=2.0)
     limit.on_response(0.0, 0.1, in_flight=0)  # best 0.1; idle: no growth
     limit.on_response(1.0, latency, in_flight=2)
     assert limit.limit == pytest.approx(expected)
 
 
 def test_tolerance_of_one_grows_on_the_best_latency() -> None:
-    limit = LatencyLimit(initial=2.0, tolerance=1.0)
+    limit = LatencyLimit(slow_start=False, initial=2.0, tolerance=1.0)
     limit.on_response(0.0, 0.1, in_flight=2)
     assert limit.limit == 2.5
 
 
+def test_slow_start_adds_a_request_per_fast_answer() -> None:
+    limit = LatencyLimit(initial=2.0, maximum=64)
+    assert limit.in_slow_start
+    for index in range(6):
+        limit.on_response(index / 100, 0.02, in_flight=limit.current())
+    assert limit.limit == 8.0
+    # An answer in the upper half of the tolerance band (0.025 to 0.03): a
+    # queue is forming; back to 1 / limit, tapered.
+    limit.on_response(0.1, 0.028, in_flight=8)
+    assert not limit.in_slow_start
+    assert limit.limit == pytest.approx(8 + 0.4 / 8)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        lambda limit: limit.on_overload(1.0),
+        lambda limit: limit.on_response(1.0, 0.5, in_flight=2),
+    ],
+)
+def test_slow_start_ends_at_the_first_sign_of_overload(event: Any) -> None:
+    limit = LatencyLimit(initial=2.0, maximum=64)
+    limit.on_response(0.0, 0.02, in_flight=2)
+    event(limit)
+    assert not limit.in_slow_start
+
+
+def test_slow_start_needs_the_limit_in_use() -> None:
+    limit = LatencyLimit(initial=2.0, maximum=64)
+    for index in range(20):
+        limit.on_response(index, 0.02, in_flight=1)
+    assert limit.limit == 3.0
+
+
+@pytest.mark.parametrize(
+    ("latency", "slow"), [(0.0015, False), (0.006, False), (0.0066, True)]
+)
+def test_resolution_is_the_smallest_added_latency_that_counts(
+    latency: float, slow: bool
+) -> None:
+    limit = LatencyLimit(slow_start=False, initial=2.0, resolution=0.005)
+    limit.on_response(0.0, 0.001, in_flight=0)  # best: 1 ms
+    limit.on_response(1.0, latency, in_flight=2)
+    assert (limit.decrease_count == 1) is slow
+
+
 def test_growth_needs_the_limit_in_use() -> None:
-    limit = LatencyLimit(initial=4.0)
+    limit = LatencyLimit(slow_start=False, initial=4.0)
     limit.on_response(0.0, 0.1, in_flight=2)
     assert limit.limit == 4.0
     limit.on_response(0.0, 0.1, in_flight=3)
@@ -111,7 +163,7 @@ def test_growth_needs_the_limit_in_use() -> None:
 
 
 def test_growth_stops_at_maximum() -> None:
-    limit = LatencyLimit(initial=3.9, maximum=4)
+    limit = LatencyLimit(slow_start=False, initial=3.9, maximum=4)
     limit.on_response(0.0, 0.1, in_flight=4)
     assert limit.limit == 4.0
     limit.on_response(0.2, 0.1, in_flight=4)
@@ -120,7 +172,7 @@ def test_growth_stops_at_maximum() -> None:
 
 
 def test_answers_to_requests_older_than_a_raise_do_not_raise_again() -> None:
-    limit = LatencyLimit(initial=2.9, maximum=10)
+    limit = LatencyLimit(slow_start=False, initial=2.9, maximum=10)
     limit.on_response(1.0, 0.1, in_flight=2)  # 2.9 -> 3.24: raised at t=1.0
     assert limit.current() == 3
     # Sent at 0.95, before the raise: it tested a limit of 2, not 3.
@@ -132,7 +184,7 @@ def test_answers_to_requests_older_than_a_raise_do_not_raise_again() -> None:
 
 
 def test_one_slow_answer_in_a_round_is_noise() -> None:
-    limit = LatencyLimit(initial=8.0, maximum=16)
+    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     for step in range(1, 8):
         limit.on_response(step, 0.3 if step == 3 else 0.11, in_flight=1)
@@ -141,7 +193,7 @@ def test_one_slow_answer_in_a_round_is_noise() -> None:
 
 
 def test_a_slow_round_decreases_once() -> None:
-    limit = LatencyLimit(initial=12.0, maximum=16)
+    limit = LatencyLimit(slow_start=False, initial=12.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     # Six slow answers of twelve: half the round is slow.
     for index in range(6):
@@ -161,7 +213,7 @@ def test_a_slow_round_decreases_once() -> None:
 
 
 def test_a_decrease_below_ten_is_one_request() -> None:
-    limit = LatencyLimit(initial=4.5, maximum=16)
+    limit = LatencyLimit(slow_start=False, initial=4.5, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_response(1.0, 0.3, in_flight=4)
     assert limit.limit == 4.5
@@ -170,7 +222,7 @@ def test_a_decrease_below_ten_is_one_request() -> None:
 
 
 def test_a_round_with_most_answers_fast_does_not_decrease() -> None:
-    limit = LatencyLimit(initial=4.0, maximum=4)
+    limit = LatencyLimit(slow_start=False, initial=4.0, maximum=4)
     limit.on_response(0.0, 0.1, in_flight=1)
     for now, latency in [(1.0, 0.3), (1.01, 0.12), (1.02, 0.12), (1.03, 0.12)]:
         limit.on_response(now, latency, in_flight=4)
@@ -179,7 +231,7 @@ def test_a_round_with_most_answers_fast_does_not_decrease() -> None:
 
 
 def test_decrease_stops_at_minimum() -> None:
-    limit = LatencyLimit(initial=3.0, minimum=2)
+    limit = LatencyLimit(slow_start=False, initial=3.0, minimum=2)
     limit.on_response(0.0, 0.1, in_flight=0)
     limit.on_response(1.0, 0.5, in_flight=3)
     limit.on_response(1.01, 0.5, in_flight=3)
@@ -191,14 +243,14 @@ def test_decrease_stops_at_minimum() -> None:
 
 
 def test_overload_halves_at_once() -> None:
-    limit = LatencyLimit(initial=8.0, maximum=16)
+    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
     limit.on_overload(0.0)
     assert limit.limit == 4.0
     assert limit.current() == 4
 
 
 def test_overload_halves_once_per_round() -> None:
-    limit = LatencyLimit(initial=8.0, maximum=16)
+    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_overload(1.0)
     limit.on_overload(1.01)
@@ -216,7 +268,7 @@ def test_overload_halves_once_per_round() -> None:
 
 
 def test_overload_after_a_slow_round_still_halves() -> None:
-    limit = LatencyLimit(initial=8.0, maximum=16)
+    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     for index in range(4):
         limit.on_response(1.0 + index / 100, 0.3, in_flight=8)
@@ -227,7 +279,7 @@ def test_overload_after_a_slow_round_still_halves() -> None:
 
 @pytest.mark.parametrize("latency", [math.nan, math.inf, -0.1, 0.0])
 def test_unusable_latency_is_ignored(latency: float) -> None:
-    limit = LatencyLimit()
+    limit = LatencyLimit(slow_start=False)
     limit.on_response(0.0, latency, in_flight=2)
     limit.on_error_response(0.0, latency)
     assert limit.best is None
@@ -236,7 +288,7 @@ def test_unusable_latency_is_ignored(latency: float) -> None:
 
 
 def test_fast_error_page_neither_raises_nor_sets_the_best() -> None:
-    limit = LatencyLimit(initial=2.0)
+    limit = LatencyLimit(slow_start=False, initial=2.0)
     limit.on_response(0.0, 0.1, in_flight=0)
     limit.on_error_response(1.0, 0.01)
     assert limit.best == 0.1
@@ -245,7 +297,7 @@ def test_fast_error_page_neither_raises_nor_sets_the_best() -> None:
 
 
 def test_slow_error_pages_count_as_slow_answers() -> None:
-    limit = LatencyLimit(initial=4.0)
+    limit = LatencyLimit(slow_start=False, initial=4.0)
     limit.on_error_response(0.0, 1.0)  # no best yet: nothing to compare with
     limit.on_response(0.5, 0.1, in_flight=1)
     limit.on_error_response(1.0, 0.5)
@@ -254,7 +306,7 @@ def test_slow_error_pages_count_as_slow_answers() -> None:
 
 
 def test_best_expires_after_the_previous_window() -> None:
-    limit = LatencyLimit(window=10.0)
+    limit = LatencyLimit(slow_start=False, window=10.0)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_response(5.0, 0.3, in_flight=1)
     assert limit.best == 0.1
@@ -267,7 +319,7 @@ def test_best_expires_after_the_previous_window() -> None:
 
 
 def test_best_expires_after_a_long_gap() -> None:
-    limit = LatencyLimit(window=10.0)
+    limit = LatencyLimit(slow_start=False, window=10.0)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_response(25.0, 0.3, in_flight=1)
     assert limit.best == 0.3
@@ -283,7 +335,7 @@ def slow_rounds(limit: LatencyLimit, start: float, latencies: list[float]) -> No
 
 
 def test_a_slowdown_the_limit_cannot_fix_becomes_the_baseline() -> None:
-    limit = LatencyLimit(initial=12.0, maximum=16, window=30.0)
+    limit = LatencyLimit(slow_start=False, initial=12.0, maximum=16, window=30.0)
     limit.on_response(0.0, 0.02, in_flight=1)
     # The first round still has that fast answer; three all-slow rounds
     # follow, whose fastest answers do not get faster.
@@ -302,7 +354,7 @@ def test_a_slowdown_the_limit_cannot_fix_becomes_the_baseline() -> None:
 
 
 def test_a_queue_of_our_own_is_not_a_slowdown() -> None:
-    limit = LatencyLimit(initial=16.0, maximum=16, window=30.0)
+    limit = LatencyLimit(slow_start=False, initial=16.0, maximum=16, window=30.0)
     limit.on_response(0.0, 0.02, in_flight=1)
     # Every answer is slow, but each decrease makes them faster: the latency
     # is the crawler's own queue at the host.
@@ -313,7 +365,7 @@ def test_a_queue_of_our_own_is_not_a_slowdown() -> None:
 
 
 def test_snapshot() -> None:
-    limit = LatencyLimit(initial=3.5, minimum=2, maximum=6)
+    limit = LatencyLimit(slow_start=False, initial=3.5, minimum=2, maximum=6)
     limit.on_response(0.0, 0.25, in_flight=1)
     assert limit.snapshot() == {
         "limit": 3.5,

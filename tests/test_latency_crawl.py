@@ -1,0 +1,86 @@
+"""Real crawls with the latency-aware scope manager (the add-on's default).
+
+The simulated hosts of :mod:`bench.simhosts` are the guide's: a large host
+(8 workers x 20 ms) and a small one (2 workers x 50 ms), each answering 503
+when its queue is full. Crawled together, each must settle at its own limit,
+without a single 503. Margins are generous: this proves adaptation, the
+figures belong to ``bench/``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from tests.spiders import PagesSpider, run_crawl
+
+ADDON = {"scrapy_adaptive_throttle.Addon": 500}
+LARGE = {"name": "A", "kind": "queue", "workers": 8, "service_time": 0.02}
+SMALL = {"name": "B", "kind": "queue", "workers": 2, "service_time": 0.05}
+
+
+class SamplingSpider(PagesSpider):
+    """Records each host's adaptive limit at every response."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.limits: dict[str, list[int]] = {}
+
+    def parse(self, response: Any, **kwargs: Any) -> None:
+        super().parse(response, **kwargs)
+        scope = response.url.split("/")[2]
+        state = self.crawler.throttler.get_scope_state(scope)
+        self.limits.setdefault(scope, []).append(state["limit"])
+
+
+def interleave(*url_lists: list[str]) -> list[str]:
+    merged = []
+    for index in range(max(len(urls) for urls in url_lists)):
+        merged.extend(urls[index] for urls in url_lists if index < len(urls))
+    return merged
+
+
+@deferred_f_from_coro_f
+async def test_two_hosts_settle_at_different_limits(simhosts: Any) -> None:
+    hosts = simhosts(LARGE, SMALL)
+    large = [hosts.url("A", f"/page/{index}") for index in range(600)]
+    small = [hosts.url("B", f"/page/{index}") for index in range(90)]
+    crawler = await run_crawl(
+        SamplingSpider,
+        {
+            "ADDONS": ADDON,
+            "CONCURRENT_REQUESTS": 64,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+            "DOWNLOAD_DELAY": 0,
+            "RETRY_ENABLED": False,
+        },
+        urls=interleave(large, small),
+    )
+    spider = crawler.spider
+    assert isinstance(spider, SamplingSpider)
+    assert spider.unanswered() == []
+    assert Counter(spider.statuses) == {200: 690}
+    for name in ("A", "B"):
+        assert hosts.stats(name)["status_counts"] == {
+            "200": len(large if name == "A" else small)
+        }
+    large_limits = spider.limits[hosts.netloc("A")]
+    small_limits = spider.limits[hosts.netloc("B")]
+    # Each host's limit over the second half of its crawl.
+    large_settled = sorted(large_limits[len(large_limits) // 2 :])
+    small_settled = sorted(small_limits[len(small_limits) // 2 :])
+    large_median = large_settled[len(large_settled) // 2]
+    small_median = small_settled[len(small_settled) // 2]
+    # The large host's capacity x service time is 8, the small one's 2; each
+    # settles near its own (a little above it, to cover Scrapy's turnaround).
+    assert 5 <= large_median <= 20
+    assert 1 <= small_median <= 5
+    assert large_median >= small_median + 3
+    # The small host never held more than its queue allows (no 503 above),
+    # and was never pushed near its 16-request queue.
+    assert hosts.stats("B")["max_concurrency"] <= 8
+    stats = crawler.stats.get_stats()
+    assert stats["throttling/latency/scope_count"] == 2
+    assert stats["throttling/latency/pinned_floor_count"] == 0
