@@ -109,7 +109,10 @@ class ThrottlingManager:
         self._backoff_codes = self.config.common.http_codes.union(
             *(scope.http_codes for scope in self.config.scopes.values())
         )
-        self._last_eviction = float("-inf")
+        # Set on the first look, so that the first eviction pass comes one
+        # half max-idle later: a scope configured before its first request
+        # (e.g. with set_scope_delay) must not be dropped as never used.
+        self._last_eviction: float | None = None
         self._gate_waiting = 0
         self._warned_waiting = False
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
@@ -245,7 +248,12 @@ class ThrottlingManager:
 
     def _maybe_evict(self, now: float) -> None:
         max_idle = self.config.scope_max_idle
-        if max_idle <= 0 or now - self._last_eviction < max_idle / 2:
+        if max_idle <= 0:
+            return
+        if self._last_eviction is None:
+            self._last_eviction = now
+            return
+        if now - self._last_eviction < max_idle / 2:
             return
         self._last_eviction = now
         idle = [

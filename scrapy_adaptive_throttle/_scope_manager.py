@@ -376,7 +376,13 @@ class ThrottlingScopeManager:
         if self._backoff.in_backoff(now) or self._next_allowed > now:
             return False
         if self._last_seen is None:
-            return True
+            # Never used: evictable unless changed at run time (e.g. by
+            # set_scope_delay before its first request), since recreating it
+            # from its configuration would lose that.
+            return (
+                self._backoff.base_delay == self.config.delay
+                and self._concurrency == self.config.concurrency
+            )
         return now - self._last_seen > max_idle
 
     def get_state(self, now: float | None = None) -> dict[str, Any]:

@@ -195,9 +195,15 @@ def test_lru_eviction_keeps_busy_scopes() -> None:
 
 def test_idle_eviction() -> None:
     throttler, clock = manager(THROTTLING_SCOPE_MAX_IDLE=100)
-    throttler.get_scope_manager("old.example").record_sent(now=clock.now)
-    throttler.get_scope_manager("old.example").record_done()
-    clock.now += 150
+    throttler.set_scope_delay("configured.example", 2.0)
+    first = Request("https://old.example/")
+    throttler.reserve(first)
+    throttler.release(first)
+    # A scope configured before its first request survives the first passes.
+    clock.now += 60
+    throttler.reserve(Request("https://other.example/"))
+    assert throttler.get_scope_delay("configured.example") == 2.0
+    clock.now += 90
     request = Request("https://new.example/")
     throttler.reserve(request)
     assert "old.example" not in throttler._scope_managers
