@@ -119,6 +119,9 @@ CONFIGS: dict[str, ConfigSpec] = {
     # every queued request through at once).
     "fixed-2": _fixed(2),
     "fixed-32": _fixed(32),
+    # Not in any scenario's list: a fixed limit near host A's best, to show
+    # what Scrapy itself reaches (--configs probe,fixed-16,latency-1.5).
+    "fixed-16": _fixed(16),
     # Scrapy's AutoThrottle with its defaults (target concurrency 1.0), except
     # the start delay: the default 5 s would spend most of a short benchmark
     # converging; 0.05 s (host B's service time) starts polite without a burst.

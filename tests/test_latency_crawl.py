@@ -31,12 +31,13 @@ class SamplingSpider(PagesSpider):
     def parse(self, response: Any, **kwargs: Any) -> None:
         super().parse(response, **kwargs)
         scope = response.url.split("/")[2]
-        state = self.crawler.throttler.get_scope_state(scope)
+        throttler: Any = self.crawler.throttler  # type: ignore[attr-defined]
+        state = throttler.get_scope_state(scope)
         self.limits.setdefault(scope, []).append(state["limit"])
 
 
 def interleave(*url_lists: list[str]) -> list[str]:
-    merged = []
+    merged: list[str] = []
     for index in range(max(len(urls) for urls in url_lists)):
         merged.extend(urls[index] for urls in url_lists if index < len(urls))
     return merged
