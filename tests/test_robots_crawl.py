@@ -215,6 +215,10 @@ def test_crawl_delay_survives_eviction(caplog: Any) -> None:
     with caplog.at_level(logging.WARNING):
         manager.apply_robots_crawl_delay("slow.example", 2.0)
         first = manager.get_scope_manager("slow.example")
+        # Used 5 s ago and idle since (a scope never used and changed at
+        # run time is not evictable: recreating it would lose the change).
+        first.record_sent(now=manager.clock() - 5.0)
+        first.record_done()
         manager.get_scope_manager("other.example")  # evicts the idle scope
         assert "slow.example" not in manager._scope_managers
         state = manager.get_scope_state("slow.example")
