@@ -812,10 +812,10 @@ def format_medians(result: dict[str, Any]) -> list[str]:
 def plot(scenario: Scenario, result: dict[str, Any], path: Path) -> None:
     """Per host: limit over time (plugin configs) and pages/s over time."""
     # Imported here so that --no-plot works without matplotlib.
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     host_names = [host["name"] for host in scenario.hosts]
     figure, axes = plt.subplots(

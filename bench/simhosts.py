@@ -436,7 +436,7 @@ def serve(hosts: list[dict[str, Any]], *, watch_stdin: bool = False) -> None:
     # Imported here: importing the reactor installs the default one, which
     # must not happen in a parent process that uses another (e.g. pytest's
     # asyncio reactor).
-    from twisted.internet import reactor as installed  # noqa: PLC0415
+    from twisted.internet import reactor as installed
 
     reactor: Any = installed
     ports: dict[str, int] = {}

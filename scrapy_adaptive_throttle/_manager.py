@@ -118,7 +118,9 @@ class ThrottlingManager:
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
         self._stats = crawler.stats
         if self.config.robotstxt_obey:
-            crawler.signals.connect(self._on_robots_parsed, signal=signals.robots_parsed)
+            crawler.signals.connect(
+                self._on_robots_parsed, signal=signals.robots_parsed
+            )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -151,7 +153,7 @@ class ThrottlingManager:
         netloc = parsed.netloc.rpartition("@")[2].lower()
         if self.config.ip_concurrency > 0:
             ip = dnscache.get(parsed.hostname or "")
-            if isinstance(ip, str) and ip != netloc and ip != parsed.hostname:
+            if isinstance(ip, str) and ip not in (netloc, parsed.hostname):
                 return [netloc, ip]
         return netloc
 
@@ -160,7 +162,9 @@ class ThrottlingManager:
         """Return the scopes of *request* (see :meth:`get_request_scopes`)."""
         return self.get_request_scopes(request)
 
-    def resolve_scopes_now(self, request: Request) -> RequestScopes | Deferred[RequestScopes]:
+    def resolve_scopes_now(
+        self, request: Request
+    ) -> RequestScopes | Deferred[RequestScopes]:
         """Resolve and persist the scopes of *request* without waiting.
 
         Returns the scopes, or a Deferred when :meth:`get_scopes` really
@@ -180,14 +184,16 @@ class ThrottlingManager:
             return stop.value  # type: ignore[no-any-return]
         # It suspended on a real await: resolve again, asynchronously.
         coroutine.close()
-        from scrapy.utils.defer import deferred_from_coro  # noqa: PLC0415
+        from scrapy.utils.defer import deferred_from_coro
 
         return deferred_from_coro(self.get_scopes(request))
 
     def _sent_scope_values(self, request: Request) -> ScopeValues:
         reservation = self._reserved.get(request)
         if reservation:
-            amounts = dict(iter_scope_values(request.meta.get(RESOLVED_SCOPES_META_KEY)))
+            amounts = dict(
+                iter_scope_values(request.meta.get(RESOLVED_SCOPES_META_KEY))
+            )
             return [(scope, amounts.get(scope)) for scope, _ in reservation]
         if RESOLVED_SCOPES_META_KEY in request.meta:
             return list(iter_scope_values(request.meta[RESOLVED_SCOPES_META_KEY]))
@@ -275,7 +281,9 @@ class ThrottlingManager:
 
     # -- readiness -------------------------------------------------------------
 
-    def check_scopes(self, scope_values: ScopeValues, now: float) -> tuple[float, ScopeID | None]:
+    def check_scopes(
+        self, scope_values: ScopeValues, now: float
+    ) -> tuple[float, ScopeID | None]:
         """Return ``(wait, blocked)`` for a request with these scopes.
 
         *wait* is the time until every time gate is open; *blocked* the first
@@ -286,13 +294,14 @@ class ThrottlingManager:
         for scope_id, amount in scope_values:
             manager = self.get_scope_manager(scope_id)
             scope_wait = manager.can_send(now, amount)
-            if scope_wait > wait:
-                wait = scope_wait
+            wait = max(wait, scope_wait)
             if blocked is None and _concurrency_blocked(manager):
                 blocked = scope_id
         return wait, blocked
 
-    def reserve_scopes(self, request: Request, scope_values: ScopeValues, now: float) -> None:
+    def reserve_scopes(
+        self, request: Request, scope_values: ScopeValues, now: float
+    ) -> None:
         """Record *request* as sent on each of its scopes."""
         reservation: Reservation = []
         for scope_id, amount in scope_values:
@@ -309,7 +318,9 @@ class ThrottlingManager:
         """Whether *request* could be sent right now."""
         if self.get_request_delay(request) > 0:
             return False
-        wait, blocked = self.check_scopes(self._sent_scope_values(request), self.clock())
+        wait, blocked = self.check_scopes(
+            self._sent_scope_values(request), self.clock()
+        )
         return wait <= 0 and blocked is None
 
     def reserve(self, request: Request) -> None:
@@ -347,7 +358,9 @@ class ThrottlingManager:
             try:
                 seconds = float(delay)
             except (TypeError, ValueError):
-                logger.warning("Ignoring invalid throttling_delay %r of %s", delay, request)
+                logger.warning(
+                    "Ignoring invalid throttling_delay %r of %s", delay, request
+                )
                 meta[DELAYED_META_KEY] = True
                 return 0.0
             if not math.isfinite(seconds) or seconds <= 0:
@@ -356,7 +369,9 @@ class ThrottlingManager:
             deadline = wall + seconds
             meta[DELAY_DEADLINE_META_KEY] = deadline
             if self.config.debug:
-                logger.debug("Holding %s for %.2fs (throttling_delay)", request, seconds)
+                logger.debug(
+                    "Holding %s for %.2fs (throttling_delay)", request, seconds
+                )
         remaining = float(deadline) - wall
         if remaining <= 0:
             meta[DELAYED_META_KEY] = True
@@ -434,9 +449,7 @@ class ThrottlingManager:
         done: Deferred[bool] = Deferred()
         event: Deferred[None] = slot_event()
         event.addCallback(lambda _: _fire(done, True))
-        timer = call_later(
-            _CLOSE_CHECK_INTERVAL, lambda: _fire(done, False)
-        )
+        timer = call_later(_CLOSE_CHECK_INTERVAL, lambda: _fire(done, False))
         try:
             return await maybe_deferred_to_future(done)
         finally:
@@ -460,7 +473,9 @@ class ThrottlingManager:
             return
         slot = getattr(engine, "_slot", None)
         if engine is None or not engine.running or slot is None or slot.closing:
-            raise IgnoreRequest(f"Throttled request dropped: the spider is closing: {request}")
+            raise IgnoreRequest(
+                f"Throttled request dropped: the spider is closing: {request}"
+            )
 
     def _maybe_warn_waiting(self) -> None:
         threshold = self.config.warn_threshold
@@ -946,4 +961,3 @@ def _is_idle(manager: Any, now: float, max_idle: float) -> bool:
     if is_idle is not None:
         return bool(is_idle(now, max_idle))
     return not getattr(manager, "active", 0)
-

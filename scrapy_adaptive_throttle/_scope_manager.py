@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
+from contextlib import suppress
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -92,15 +93,15 @@ class ThrottlingScopeManager:
             self._rampup_check(now)
         wait = self._next_allowed - now
         hold = backoff.hold_until - now
-        if hold > wait:
-            wait = hold
+        wait = max(wait, hold)
         if self._quota is not None:
             quota_wait = self._quota.wait(now, amount)
-            if quota_wait > wait:
-                wait = quota_wait
+            wait = max(wait, quota_wait)
         return wait if wait > 0 else 0.0
 
-    def record_sent(self, now: float | None = None, amount: float | None = None) -> None:
+    def record_sent(
+        self, now: float | None = None, amount: float | None = None
+    ) -> None:
         """Record a send: start the delay, take a slot, consume quota."""
         if now is None:
             now = monotonic()
@@ -236,10 +237,8 @@ class ThrottlingScopeManager:
 
     def discard_slot_event(self, event: Deferred[None]) -> None:
         """Forget *event* (idempotent)."""
-        try:
+        with suppress(ValueError):
             self._slot_waiters.remove(event)
-        except ValueError:
-            pass
 
     def wake_waiter(self) -> bool:
         """Fire one pending slot event, if any (one per freed slot, no herd)."""

@@ -57,9 +57,7 @@ def test_pop_respects_concurrency_and_release_wakes_the_scope() -> None:
 
 
 def test_a_time_blocked_scope_does_not_block_others() -> None:
-    queue, _, clock = make_queue(
-        THROTTLING_SCOPES={"slow.example": {"delay": 10}}
-    )
+    queue, _, clock = make_queue(THROTTLING_SCOPES={"slow.example": {"delay": 10}})
     for index in range(3):
         queue.push(req(f"http://slow.example/{index}"))
     for index in range(3):
