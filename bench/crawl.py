@@ -27,7 +27,9 @@ import argparse
 import json
 import math
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -353,6 +355,34 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             or key in ("finish_reason", "elapsed_time_seconds")
         },
     }
+
+
+def run_in_subprocess(
+    crawl_config: dict[str, Any], *, timeout: float
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
+    """Run one crawl in a fresh process (a fresh reactor each time) and
+    return the finished process and its result (``None`` if it failed).
+
+    Raises :exc:`subprocess.TimeoutExpired` past *timeout* seconds.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        output = Path(tmp) / "result.json"
+        process = subprocess.run(
+            [
+                *(sys.executable, "-m", "bench.crawl"),
+                *("--config", "-", "--output", str(output)),
+            ],
+            input=json.dumps(crawl_config),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        result = None
+        if process.returncode == 0 and output.exists():
+            result = json.loads(output.read_text())
+    return process, result
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -47,12 +47,11 @@ import dataclasses
 import datetime
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.crawl import run_in_subprocess
 from bench.simhosts import SimHosts
 from scrapy_adaptive_throttle import ThrottlingScopeManager
 
@@ -131,7 +130,7 @@ def run_config(
 ) -> dict[str, Any]:
     """Crawl with configuration *name*; return the crawl and server figures."""
     pages, limit = args.pages, args.max_seconds
-    with SimHosts([host]) as hosts, tempfile.TemporaryDirectory() as tmp:
+    with SimHosts([host]) as hosts:
         settings = configs(hosts.netloc("R"), args.rate, args.window)[name]
         plugin = "ADDONS" in settings
         crawl_config = {
@@ -143,28 +142,10 @@ def run_config(
             "per_host_slots": not plugin,
             "max_seconds": limit,
         }
-        output = Path(tmp) / "result.json"
-        process = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "bench.crawl",
-                "--config",
-                "-",
-                "--output",
-                str(output),
-            ],
-            input=json.dumps(crawl_config),
-            capture_output=True,
-            text=True,
-            cwd=PROJECT_ROOT,
-            timeout=limit + 120,
-            check=False,
-        )
-        if process.returncode != 0:
+        process, crawl = run_in_subprocess(crawl_config, timeout=limit + 120)
+        if crawl is None:
             tail = " | ".join(process.stderr.strip().splitlines()[-3:])
             return {"config": name, "status": "failed", "error": tail}
-        crawl = json.loads(output.read_text())
         server = hosts.stats("R")
     return {"config": name, "status": "ok", "crawl": crawl, "server": server}
 

@@ -52,7 +52,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +61,7 @@ from typing import Any
 import scrapy
 import twisted
 
+from bench.crawl import run_in_subprocess
 from bench.probe import probe_async
 from bench.simhosts import SimHosts
 
@@ -483,48 +483,27 @@ def run_crawl_config(
             "plugin": plugin,
             "max_seconds": max_seconds,
         }
-        with tempfile.TemporaryDirectory() as tmp:
-            output = Path(tmp) / "result.json"
-            started = time.time()
-            try:
-                process = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "bench.crawl",
-                        "--config",
-                        "-",
-                        "--output",
-                        str(output),
-                    ],
-                    input=json.dumps(crawl_config),
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    timeout=hard_timeout,
-                    cwd=PROJECT_ROOT,
-                )
-            except subprocess.TimeoutExpired as exc:
-                stderr = exc.stderr or b""
-                text = (
-                    stderr.decode(errors="replace")
-                    if isinstance(stderr, bytes)
-                    else stderr
-                )
-                record.update(
-                    status="failed",
-                    error=f"timeout after {hard_timeout:.0f} s; {_stderr_tail(text)}",
-                )
-                return record
-            record["wall"] = time.time() - started
-            record["stderr_tail"] = _stderr_tail(process.stderr, 20, 1000)
-            if process.returncode != 0 or not output.exists():
-                record.update(
-                    status="failed",
-                    error=f"exit {process.returncode}: {_stderr_tail(process.stderr)}",
-                )
-                return record
-            crawl = json.loads(output.read_text())
+        started = time.time()
+        try:
+            process, crawl = run_in_subprocess(crawl_config, timeout=hard_timeout)
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr or b""
+            text = (
+                stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+            )
+            record.update(
+                status="failed",
+                error=f"timeout after {hard_timeout:.0f} s; {_stderr_tail(text)}",
+            )
+            return record
+        record["wall"] = time.time() - started
+        record["stderr_tail"] = _stderr_tail(process.stderr, 20, 1000)
+        if crawl is None:
+            record.update(
+                status="failed",
+                error=f"exit {process.returncode}: {_stderr_tail(process.stderr)}",
+            )
+            return record
         record.update(status="ok", crawl=crawl)
         record["server"] = {name: hosts.stats(name) for name in netlocs}
         record["server_cpu_seconds"] = hosts.cpu_seconds()
