@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.crawl import run_in_subprocess
+from bench.run import windowed_counts
 from bench.simhosts import SimHosts
 from scrapy_adaptive_throttle import ThrottlingScopeManager
 
@@ -113,18 +114,6 @@ def configs(netloc: str, rate: float, window: float) -> dict[str, dict[str, Any]
     }
 
 
-def per_window(arrivals: list[list[Any]], status: int, window: float) -> list[int]:
-    """Answers with *status* per *window* seconds of server time."""
-    if not arrivals:
-        return []
-    last = max(arrival[0] for arrival in arrivals)
-    counts = [0] * (int(last // window) + 1)
-    for arrival in arrivals:
-        if arrival[3] == status:
-            counts[int(arrival[0] // window)] += 1
-    return counts
-
-
 def run_config(
     name: str, args: argparse.Namespace, host: dict[str, Any]
 ) -> dict[str, Any]:
@@ -171,7 +160,7 @@ def analyse(record: dict[str, Any], rate: float, window: float) -> dict[str, Any
     elapsed = done[-1] if done else 0.0
     half = elapsed / 2
     second_half = [t for t in done if t >= half]
-    counts = per_window(server["arrivals"], 429, window)
+    counts = windowed_counts(server["arrivals"], 429, window)
     # The last window is partial: leave it out of the mean.
     full = counts[:-1] or counts
     reached = time_to_reach(done, 0.9 * rate, window)
