@@ -708,7 +708,10 @@ class ThrottlingManager:
                     if "delay" not in entry:
                         continue
                 delay = _valid_delay(entry.get("delay"))
-            manager.record_backoff(delay=delay, now=now)
+            record_backoff = getattr(manager, "record_backoff", None)
+            if record_backoff is None:
+                continue  # a custom scope manager that never backs off
+            record_backoff(delay=delay, now=now)
             self._count_trigger(cause, server_delay=delay is not None)
             if self.config.debug:
                 _log_backoff(scope_id, manager, delay, cause, now)
@@ -739,10 +742,13 @@ class ThrottlingManager:
             raise ValueError(message)
         now = self.clock()
         manager = self.get_scope_manager(scope_id)
-        if _accepts_keyword(manager.record_backoff, "cap"):
-            manager.record_backoff(delay=seconds, now=now, cap=False)
+        record_backoff = getattr(manager, "record_backoff", None)
+        if record_backoff is None:
+            return  # a custom scope manager that never backs off
+        if _accepts_keyword(record_backoff, "cap"):
+            record_backoff(delay=seconds, now=now, cap=False)
         else:  # a custom scope manager that predates the cap argument
-            manager.record_backoff(delay=seconds, now=now)
+            record_backoff(delay=seconds, now=now)
         self._count_trigger("delay_scope", server_delay=False)
         if self.config.debug:
             _log_backoff(scope_id, manager, seconds, "delay_scope", now)
@@ -755,10 +761,16 @@ class ThrottlingManager:
     def set_scope_delay(self, scope_id: ScopeID, delay: float) -> None:
         """Set the base delay of *scope_id*, up or down (not a backoff trigger)."""
         manager = self.get_scope_manager(scope_id)
-        try:
-            manager.set_base_delay(float(delay), only_increase=False)
-        except TypeError:
-            manager.set_base_delay(float(delay))
+        set_base_delay = getattr(manager, "set_base_delay", None)
+        if set_base_delay is None:
+            raise TypeError(
+                f"The scope manager of {scope_id!r} ({type(manager).__name__}) has "
+                "no set_base_delay(): its delay cannot be changed"
+            )
+        if _accepts_keyword(set_base_delay, "only_increase"):
+            set_base_delay(float(delay), only_increase=False)
+        else:  # e.g. the reference chapter's FixedWindowScopeManager
+            set_base_delay(float(delay))
 
     def get_scope_state(self, scope_id: ScopeID) -> dict[str, Any]:
         """A snapshot of the state of *scope_id* (created if unknown)."""

@@ -233,3 +233,39 @@ def test_scope_helpers_follow_the_reference_semantics() -> None:
     assert update_scope_backoff({"c": {}}, "c", consumed=-1.5) == {
         "c": {"consumed": -1.5}
     }
+
+
+class MinimalScopeManager:
+    """Only the three methods a scope manager must have."""
+
+    def __init__(self, crawler: Any, config: dict[str, Any]) -> None:
+        self.active = 0
+
+    def can_send(self, now: float | None = None, amount: float | None = None) -> float:
+        return 0.0
+
+    def record_sent(
+        self, now: float | None = None, amount: float | None = None
+    ) -> None:
+        self.active += 1
+
+    def record_done(self, now: float | None = None) -> None:
+        self.active -= 1
+
+
+def test_a_scope_manager_with_only_the_required_methods() -> None:
+    throttler, clock = manager(
+        THROTTLING_SCOPES={"minimal": {"manager": MinimalScopeManager}}
+    )
+    request = Request("https://example.com/", meta={"throttling_scopes": "minimal"})
+    assert throttler.check_scopes([("minimal", None)], clock.now) == (0.0, None)
+    throttler.reserve(request)
+    throttler.apply_backoff("minimal")
+    throttler.apply_backoff({"minimal": {"delay": 5.0, "consumed": 1.0}})
+    throttler.delay_scope("minimal", 10.0)
+    with pytest.raises(TypeError, match=r"'minimal'.*no set_base_delay"):
+        throttler.set_scope_delay("minimal", 1.0)
+    assert throttler.get_scope_delay("minimal") == 0.0
+    assert throttler.get_scope_state("minimal")["scope"] == "minimal"
+    throttler.release(request)
+    assert throttler.get_scope_manager("minimal").active == 0
