@@ -183,7 +183,8 @@ class Scenario:
     pages: dict[str, int]
     quick_pages: dict[str, int]
     configs: list[str]
-    quick_configs: list[str]
+    #: configurations of --quick runs (default: the same as ``configs``)
+    quick_configs: list[str] | None = None
     #: Settings over every configuration's, e.g. the latency window.
     settings: Settings = field(default_factory=dict)
     #: Each crawl is closed after this long (CLOSESPIDER_TIMEOUT): a safety cap
@@ -214,15 +215,6 @@ SCENARIOS: dict[str, Scenario] = {
             pages={"A": 2000, "B": 300},
             quick_pages={"A": 600, "B": 100},
             configs=[
-                "probe",
-                "fixed-2",
-                "fixed-32",
-                "autothrottle",
-                "plain-scope-manager",
-                "latency-1.5",
-                "latency-2.0",
-            ],
-            quick_configs=[
                 "probe",
                 "fixed-2",
                 "fixed-32",
@@ -876,7 +868,9 @@ def run_scenario(
     timeout: float | None,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    selected = configs or (scenario.quick_configs if quick else scenario.configs)
+    selected = configs or (
+        (scenario.quick_configs or scenario.configs) if quick else scenario.configs
+    )
     # The probe runs first in each repeat: the other rows are ratios to it.
     selected = sorted(selected, key=lambda name: name != "probe")
     runs: list[dict[str, Any]] = []
