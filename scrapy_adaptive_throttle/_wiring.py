@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.core.downloader import Downloader, Slot
 from scrapy.exceptions import IgnoreRequest
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
@@ -147,17 +148,24 @@ class ThrottlingDownloader(Downloader):
         return key
 
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Any]:
-        from scrapy.utils.defer import deferred_from_coro
-
-        return deferred_from_coro(self._fetch(request))
-
-    async def _fetch(self, request: Request) -> Response | Request:
+        # The request must be active before fetch() returns, as in Scrapy's
+        # own fetch(): on the asyncio reactor the coroutine below only starts
+        # on a later loop turn, and until then the engine would see an idle
+        # downloader, take more than CONCURRENT_REQUESTS requests at once and
+        # even close the spider while this download is pending.
         self.active.add(request)
-        try:
-            return await self.middleware.download_async(self._enqueue_request, request)
-        finally:
-            self.active.discard(request)
-            self.throttler.release(request)
+        deferred: Deferred[Any] = deferred_from_coro(
+            self.middleware.download_async(self._enqueue_request, request)
+        )
+        # addBoth, not a finally in a coroutine: it runs even if the download
+        # never starts (cancelled before its first step).
+        deferred.addBoth(self._done, request)
+        return deferred
+
+    def _done(self, result: Any, request: Request) -> Any:
+        self.active.discard(request)
+        self.throttler.release(request)
+        return result
 
 
 class ThrottlingDownloaderMiddleware:

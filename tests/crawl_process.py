@@ -17,7 +17,7 @@ from typing import Any
 from scrapy.crawler import CrawlerProcess
 from scrapy.exceptions import CloseSpider
 
-from tests.spiders import BASE_SETTINGS, PagesSpider
+from tests.spiders import BASE_SETTINGS, FollowSpider, PagesSpider
 
 
 class StoppingSpider(PagesSpider):
@@ -42,28 +42,37 @@ class StoppingSpider(PagesSpider):
 def main() -> None:
     config = json.loads(sys.argv[1])
     process = CrawlerProcess({**BASE_SETTINGS, **config["settings"]})
-    crawler = process.create_crawler(StoppingSpider)
-    process.crawl(
-        crawler,
-        urls=config["urls"],
-        metas=config.get("metas"),
-        stop_after=config.get("stop_after"),
-    )
+    if config.get("spider") == "follow":
+        crawler = process.create_crawler(FollowSpider)
+        process.crawl(crawler, urls=config["urls"], **config.get("spider_kwargs", {}))
+    else:
+        crawler = process.create_crawler(StoppingSpider)
+        process.crawl(
+            crawler,
+            urls=config["urls"],
+            metas=config.get("metas"),
+            stop_after=config.get("stop_after"),
+        )
     process.start()
     from twisted.internet import reactor
 
     spider = crawler.spider
-    print(
-        json.dumps(
-            {
-                "responses": spider.responses,
-                "failures": spider.failures,
-                "unanswered": spider.unanswered(),
-                "finish_reason": crawler.stats.get_value("finish_reason"),
-                "reactor": f"{type(reactor).__module__}.{type(reactor).__name__}",
-            }
-        )
-    )
+    result = {
+        "responses": spider.responses,
+        "failures": spider.failures,
+        "unanswered": spider.unanswered(),
+        "finish_reason": crawler.stats.get_value("finish_reason"),
+        "reactor": f"{type(reactor).__module__}.{type(reactor).__name__}",
+        "stats": {
+            key: value
+            for key, value in crawler.stats.get_stats().items()
+            if isinstance(value, (int, float, str))
+        },
+    }
+    if isinstance(spider, FollowSpider):
+        result["expected"] = sorted(spider.expected_urls())
+        result["lost"] = sorted(spider.lost_urls())
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -167,3 +167,105 @@ class PagesSpider(Spider):
         seen = {entry["index"] for entry in self.responses}
         seen.update(entry["index"] for entry in self.failures)
         return [index for index in range(len(self.urls)) if index not in seen]
+
+
+class FollowSpider(PagesSpider):
+    """Follow links yielded from callbacks: a tree of pages below each seed.
+
+    Every response to a page at depth ``d < depth`` yields ``fanout`` child
+    requests from the callback (``/follow/<depth left>/<id>`` paths, so that
+    nothing is queued at start but the seeds). Children go to the seed's host,
+    or round-robin to ``child_hosts`` (base URLs) when given; ``child_query``
+    is appended to every child URL (e.g. ``"delay=0.05"`` or ``"status=503"``).
+
+    :meth:`expected_urls` is every URL the crawl must reach; a request that
+    vanished is one of them with neither a response nor a failure
+    (:meth:`lost_urls`).
+    """
+
+    name = "follow"
+
+    def __init__(
+        self,
+        urls: Sequence[str] = (),
+        depth: int = 2,
+        fanout: int = 2,
+        child_hosts: Sequence[str] | None = None,
+        child_query: str = "",
+        **kwargs: Any,
+    ) -> None:
+        seeds = [self._page_url(url, depth, str(i)) for i, url in enumerate(urls)]
+        super().__init__(urls=seeds, **kwargs)
+        self.depth = depth
+        self.fanout = fanout
+        self.child_hosts = list(child_hosts or [])
+        self.child_query = child_query
+
+    @staticmethod
+    def _page_url(base: str, depth_left: int, page_id: str, query: str = "") -> str:
+        url = f"{_base(base)}/follow/{depth_left}/{page_id}"
+        return f"{url}?{query}" if query else url
+
+    def _children(self, base: str, depth_left: int, page_id: str) -> list[str]:
+        if depth_left <= 0:
+            return []
+        children = []
+        for k in range(self.fanout):
+            child_id = f"{page_id}.{k}"
+            child_base = base
+            if self.child_hosts:
+                child_base = self.child_hosts[
+                    sum(map(ord, child_id)) % len(self.child_hosts)
+                ]
+            children.append(
+                self._page_url(child_base, depth_left - 1, child_id, self.child_query)
+            )
+        return children
+
+    def expected_urls(self) -> set[str]:
+        """Every URL the crawl must reach: the seeds, and the children of
+        every page that was answered (a page that failed has none)."""
+        expected = set(self.urls)
+        for entry in self.responses:
+            expected.update(self._children(*self._parse_url(entry["url"])))
+        return expected
+
+    @staticmethod
+    def _parse_url(url: str) -> tuple[str, int, str]:
+        depth_left, page_id = url.split("/follow/", 1)[1].split("?")[0].split("/")
+        return _base(url), int(depth_left), page_id
+
+    def lost_urls(self) -> set[str]:
+        """Expected URLs that got neither a response nor a failure."""
+        seen = {entry["url"] for entry in self.responses}
+        seen.update(entry["url"] for entry in self.failures)
+        return self.expected_urls() - seen
+
+    def _follow(self, url: str) -> list[Request]:
+        return [
+            Request(
+                child,
+                callback=self.parse,
+                errback=self.on_error,
+                dont_filter=True,
+                meta=dict(self.common_meta),
+                **self.request_kwargs,
+            )
+            for child in self._children(*self._parse_url(url))
+        ]
+
+    def parse(self, response: Response, **kwargs: Any) -> Any:  # type: ignore[override]
+        self._record_response(response, http_error=False)
+        return self._follow(response.url)
+
+    def on_error(self, failure: Failure) -> Any:
+        super().on_error(failure)
+        if isinstance(failure.value, HttpError):
+            return self._follow(failure.value.response.url)
+        return None
+
+
+def _base(url: str) -> str:
+    """``scheme://netloc`` of *url*."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"

@@ -1,0 +1,69 @@
+"""One crawl of :class:`~tests.spiders.FollowSpider`, on either reactor.
+
+``asyncio`` runs in the test process (pytest-twisted installed Twisted's
+asyncio reactor), ``epoll`` in a fresh process (``tests.crawl_process``), so
+that every engine-facing test can run on both of Scrapy's usual reactors.
+Both return the same dict: ``responses``, ``failures``, ``expected``,
+``lost``, ``finish_reason``, ``stats`` (numbers and strings only).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.spiders import FollowSpider, run_crawl
+
+ADDON = {"scrapy_adaptive_throttle.Addon": 500}
+ROOT = Path(__file__).resolve().parents[1]
+REACTORS = ("asyncio", "epoll")
+_EPOLL = "twisted.internet.epollreactor.EPollReactor"
+
+
+async def crawl_follow(
+    reactor: str, settings: dict[str, Any], urls: list[str], **spider_kwargs: Any
+) -> dict[str, Any]:
+    """Crawl the link tree below *urls* on *reactor*; see the module docstring."""
+    if reactor == "epoll":
+        return crawl_in_process(
+            {
+                "spider": "follow",
+                "settings": {**settings, "TWISTED_REACTOR": _EPOLL},
+                "urls": urls,
+                "spider_kwargs": spider_kwargs,
+            }
+        )
+    assert reactor == "asyncio", reactor
+    crawler = await run_crawl(FollowSpider, settings, urls=urls, **spider_kwargs)
+    spider = crawler.spider
+    assert isinstance(spider, FollowSpider)
+    assert crawler.stats is not None
+    return {
+        "responses": spider.responses,
+        "failures": spider.failures,
+        "expected": sorted(spider.expected_urls()),
+        "lost": sorted(spider.lost_urls()),
+        "finish_reason": crawler.stats.get_value("finish_reason"),
+        "stats": {
+            key: value
+            for key, value in crawler.stats.get_stats().items()
+            if isinstance(value, (int, float, str))
+        },
+    }
+
+
+def crawl_in_process(config: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    """Run ``python -m tests.crawl_process`` with *config*; its JSON result."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.crawl_process", json.dumps(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]

@@ -1,0 +1,42 @@
+"""Limits checked where they matter: at the simulated hosts' server.
+
+The simulated hosts record, for every request, its arrival and how long the
+server held it (``bench.simhosts``); these helpers rebuild from those records
+how many requests were in service at once, per host and across hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def service_intervals(stats: dict[str, Any]) -> list[tuple[float, float]]:
+    """``(arrival, answer)`` epoch times of every recorded request of one host."""
+    origin = stats.get("first_arrival_epoch")
+    if origin is None:
+        return []
+    return [
+        (origin + record[0], origin + record[0] + record[4])
+        for record in stats["arrivals"]
+    ]
+
+
+def max_in_service(all_stats: Iterable[dict[str, Any]]) -> int:
+    """The most requests the server held at once, across the given hosts.
+
+    A request counts from its arrival to its answer as measured by the
+    server, so this never exceeds what the client had in flight.
+    """
+    events: list[tuple[float, int]] = []
+    for stats in all_stats:
+        for start, end in service_intervals(stats):
+            events.append((start, 1))
+            events.append((end, -1))
+    # At equal times, answers go before arrivals: back-to-back is not overlap.
+    events.sort(key=lambda event: (event[0], event[1]))
+    current = peak = 0
+    for _, change in events:
+        current += change
+        peak = max(peak, current)
+    return peak
