@@ -232,7 +232,9 @@ class FollowSpider(PagesSpider):
 
     @staticmethod
     def _parse_url(url: str) -> tuple[str, int, str]:
-        depth_left, page_id = url.split("/follow/", 1)[1].split("?")[0].split("/")
+        depth_left, page_id = (
+            url.split("/follow/", 1)[1].split("?", maxsplit=1)[0].split("/")
+        )
         return _base(url), int(depth_left), page_id
 
     def lost_urls(self) -> set[str]:
