@@ -3,6 +3,7 @@ quotas, robots.txt Crawl-delay, and a concurrency limit that adapts to each
 host's latency."""
 
 from ._addon import Addon
+from ._containment import ThrottlingComponentError
 from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
 from ._pqueue import ThrottlingAwarePriorityQueue
@@ -35,6 +36,7 @@ __all__ = [
     "RequestScopes",
     "ScopeID",
     "ThrottlingAwarePriorityQueue",
+    "ThrottlingComponentError",
     "ThrottlingDownloader",
     "ThrottlingDownloaderMiddleware",
     "ThrottlingManager",
