@@ -78,3 +78,26 @@ def simhosts() -> Iterator[SimHostsFactory]:
 def run_crawl_fixture() -> Callable[..., Any]:
     """The :func:`tests.spiders.run_crawl` helper, for tests that prefer a fixture."""
     return run_crawl
+
+
+@pytest.fixture(params=["queued", "followed"])
+def spider_modes(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test's :class:`PagesSpider` crawls both ways: every URL queued
+    at start, and every URL yielded from the callback of an index page while
+    the crawl runs (see ``PagesSpider``'s ``follow``). Use it in a crawl-test
+    module with ``pytestmark = pytest.mark.usefixtures("spider_modes")``."""
+    followed = request.param == "followed"
+    PagesSpider.follow_by_default = followed
+    if followed:
+        # Breadth-first, so that requests yielded from the index page are
+        # crawled in page order, like start requests (Scrapy's default
+        # scheduler queues are LIFO).
+        PagesSpider.custom_settings = {
+            "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+            "SCHEDULER_DISK_QUEUE": "scrapy.squeues.PickleFifoDiskQueue",
+        }
+    try:
+        yield request.param
+    finally:
+        PagesSpider.follow_by_default = False
+        PagesSpider.custom_settings = None

@@ -3,7 +3,8 @@
 For tests that need what a single test process cannot give: another reactor
 (the reactor is installed once per process) or a crawl stopped and resumed
 with ``JOBDIR``. The JSON argument holds ``settings``, ``urls`` and optional
-``metas`` and ``stop_after`` (close the crawl after that many responses);
+``metas``, ``stop_after`` (close the crawl after that many responses) and
+``follow`` (``PagesSpider``'s index-page mode);
 the process prints one JSON line: ``{"responses": [...], "failures": [...],
 "finish_reason": ..., "reactor": ...}``.
 """
@@ -52,6 +53,7 @@ def main() -> None:
             urls=config["urls"],
             metas=config.get("metas"),
             stop_after=config.get("stop_after"),
+            follow=config.get("follow", False),
         )
     process.start()
     from twisted.internet import reactor

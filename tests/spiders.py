@@ -65,6 +65,11 @@ def _wait(deferred: Deferred[Any]) -> Any:
     return deferred
 
 
+#: Scopes the index page of ``PagesSpider(follow=True)`` can get: its own,
+#: or, with a manager that ignores meta, the empty netloc of its URL.
+INDEX_PAGE_SCOPES = frozenset({"index-page", ""})
+
+
 class PagesSpider(Spider):
     """Fetch a fixed list of URLs and record what happened to each request.
 
@@ -87,9 +92,22 @@ class PagesSpider(Spider):
       ``message``;
     * :meth:`unanswered`: indexes of URLs with neither, which must be empty
       when no request was lost.
+
+    With ``follow=True`` (default: :attr:`follow_by_default`), no URL is a
+    start request: the only start request is an index page (a ``data:`` URL,
+    in a scope of its own, so that no host sees it), whose callback yields
+    every URL, in order. The same requests then come from a callback, the
+    way most crawls find their pages, with the engine running, instead of
+    being queued before the crawl starts; the ``spider_modes`` fixture also
+    makes the scheduler FIFO (Scrapy's breadth-first setting), so that they
+    are crawled in page order, as start requests are.
+    (:class:`FollowSpider` builds deeper link trees.)
     """
 
     name = "pages"
+    #: Default of ``follow``; the ``spider_modes`` fixture of a test module
+    #: sets it to run the module's crawls both ways.
+    follow_by_default = False
 
     def __init__(
         self,
@@ -97,9 +115,11 @@ class PagesSpider(Spider):
         meta: dict[str, Any] | None = None,
         metas: Sequence[dict[str, Any]] | None = None,
         request_kwargs: dict[str, Any] | None = None,
+        follow: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.follow = self.follow_by_default if follow is None else follow
         self.urls = list(urls)
         self.common_meta = dict(meta or {})
         self.metas = list(metas) if metas is not None else None
@@ -110,19 +130,36 @@ class PagesSpider(Spider):
         self.failures: list[dict[str, Any]] = []
 
     async def start(self) -> AsyncIterator[Any]:
-        for index, url in enumerate(self.urls):
-            meta = dict(self.common_meta)
-            if self.metas is not None:
-                meta.update(self.metas[index])
-            meta["pages_index"] = index
+        if self.follow:
             yield Request(
-                url,
-                callback=self.parse,
-                errback=self.on_error,
+                "data:,index",
+                callback=self.parse_index,
                 dont_filter=True,
-                meta=meta,
-                **self.request_kwargs,
+                meta={"throttling_scopes": "index-page", "dont_cache": True},
             )
+            return
+        for index in range(len(self.urls)):
+            yield self.request_for(index)
+
+    def parse_index(self, response: Response) -> Any:
+        """The index page of ``follow`` mode: it links to every URL."""
+        for index in range(len(self.urls)):
+            yield self.request_for(index)
+
+    def request_for(self, index: int) -> Request:
+        """The request of ``urls[index]``."""
+        meta = dict(self.common_meta)
+        if self.metas is not None:
+            meta.update(self.metas[index])
+        meta["pages_index"] = index
+        return Request(
+            self.urls[index],
+            callback=self.parse,
+            errback=self.on_error,
+            dont_filter=True,
+            meta=meta,
+            **self.request_kwargs,
+        )
 
     def _record_response(self, response: Response, *, http_error: bool) -> None:
         meta = response.meta
@@ -195,7 +232,8 @@ class FollowSpider(PagesSpider):
         **kwargs: Any,
     ) -> None:
         seeds = [self._page_url(url, depth, str(i)) for i, url in enumerate(urls)]
-        super().__init__(urls=seeds, **kwargs)
+        # Its own links, never PagesSpider's follow mode.
+        super().__init__(urls=seeds, follow=False, **kwargs)
         self.depth = depth
         self.fanout = fanout
         self.child_hosts = list(child_hosts or [])

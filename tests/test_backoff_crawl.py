@@ -24,6 +24,9 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy_adaptive_throttle import ThrottlingManager
 from tests.spiders import PagesSpider, run_crawl
 
+# Every crawl runs twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
+
 ADDON = {"scrapy_adaptive_throttle.Addon": 500}
 
 

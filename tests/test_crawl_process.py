@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
-ADDON = {"scrapy_adaptive_throttle.Addon": 500}
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+from tests.engine_crawls import ADDON, crawl_in_process
+from tests.spiders import PagesSpider
+
+# Every crawl runs twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
 
 
 def crawl(config: dict[str, Any]) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.crawl_process", json.dumps(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    """Crawl in a fresh process, in the mode the ``spider_modes`` fixture set."""
+    if PagesSpider.follow_by_default:
+        config = {
+            **config,
+            "follow": True,
+            "settings": {**config["settings"], **(PagesSpider.custom_settings or {})},
+        }
+    return crawl_in_process(config)
 
 
 def test_concurrency_is_enforced_on_a_plain_twisted_reactor(simhosts):

@@ -46,7 +46,11 @@ from scrapy_adaptive_throttle import (
 )
 from scrapy_adaptive_throttle._settings import ThrottlingSettings
 from scrapy_adaptive_throttle._wiring import get_throttler
-from tests.spiders import PagesSpider, run_crawl
+from tests.server_checks import max_in_service as max_in_service_across
+from tests.spiders import INDEX_PAGE_SCOPES, PagesSpider, run_crawl
+
+# Every crawl runs twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
 
 ADDON = {"scrapy_adaptive_throttle.Addon": 500}
 PLAIN = "scrapy_adaptive_throttle.ThrottlingScopeManager"
@@ -154,7 +158,7 @@ async def test_registrable_domain_is_the_scope(simhosts):
     # Three subdomains, one scope: never more than 3 at once in all.
     assert max_in_service(arrivals) == 3
     scopes = {state["scope"] for state in crawler.throttler.iter_scope_states()}
-    assert scopes == {"toscrape.com"}
+    assert scopes - INDEX_PAGE_SCOPES == {"toscrape.com"}
 
 
 def test_subdomain_levels_manager_scopes():
@@ -244,7 +248,9 @@ async def test_endpoint_specific_throttling(simhosts):
     gaps = [b - a for a, b in itertools.pairwise(fast_times)]
     assert min(gaps) >= 0.065
     assert sum(gaps) / len(gaps) >= 0.079
-    assert min(b - a for a, b in itertools.pairwise(slow_times)) >= 0.49
+    slow_gaps = [b - a for a, b in itertools.pairwise(slow_times)]
+    assert min(slow_gaps) >= 0.46
+    assert sum(slow_gaps) / len(slow_gaps) >= 0.495
     # 12 fast requests 0.08 s apart are done before the 3rd slow one starts.
     assert fast_times[-1] < slow_times[2]
 
@@ -320,7 +326,11 @@ async def test_web_scraping_api_target_domain_scope(simhosts):
     assert max_in_service(books) == 1
     assert max_in_service(quotes) > 1
     scopes = {state["scope"] for state in crawler.throttler.iter_scope_states()}
-    assert scopes == {"api.toscrape.com", "books.toscrape.com", "quotes.toscrape.com"}
+    assert scopes - INDEX_PAGE_SCOPES == {
+        "api.toscrape.com",
+        "books.toscrape.com",
+        "quotes.toscrape.com",
+    }
 
 
 @deferred_f_from_coro_f
@@ -456,11 +466,10 @@ async def test_per_ip_manager_limits_hosts_sharing_an_address(simhosts):
             urls=urls,
         )
     assert crawler.spider.unanswered() == []
-    arrivals = served(hosts.stats("A")["arrivals"]) + served(
-        hosts.stats("B")["arrivals"]
-    )
-    assert len(arrivals) == 16
-    assert max_in_service(arrivals) == 3
+    stats = [hosts.stats("A"), hosts.stats("B")]
+    assert sum(len(served(host["arrivals"])) for host in stats) == 16
+    # Each host counts time from its own first arrival: compare in epoch time.
+    assert max_in_service_across(stats) == 3
     assert crawler.throttler.get_scope_state("127.0.0.1")["limit"] == 3
 
 

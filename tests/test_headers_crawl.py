@@ -20,6 +20,9 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from tests.spiders import PagesSpider, run_crawl
 from tests.test_backoff_crawl import arrivals, gaps, settings
 
+# Every crawl runs twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
+
 
 def header_url(hosts: Any, path: str, status: int, headers: dict[str, str]) -> str:
     query = [f"status={status}"]

@@ -11,10 +11,14 @@ import itertools
 import time
 from typing import Any
 
+import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_adaptive_throttle import ThrottlingManager
 from tests.spiders import PagesSpider, run_crawl
+
+# Every crawl runs twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
 
 ADDON = {"scrapy_adaptive_throttle.Addon": 500}
 

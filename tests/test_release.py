@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from tests.spiders import PagesSpider, run_crawl
+
+# Every crawl runs twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
 
 
 class IgnoreSomeMiddleware:

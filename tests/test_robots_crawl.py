@@ -20,6 +20,9 @@ from scrapy_adaptive_throttle import ThrottlingManager
 from tests.spiders import PagesSpider, run_crawl
 from tests.test_backoff_crawl import PlainPriorityQueue, gaps
 
+# Every crawl runs twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
+
 ADDON = {"scrapy_adaptive_throttle.Addon": 500}
 ROBOTS = "User-agent: *\nCrawl-delay: {delay}\n"
 FIXED = "scrapy_adaptive_throttle.ThrottlingScopeManager"
