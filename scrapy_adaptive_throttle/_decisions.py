@@ -18,7 +18,7 @@ import logging
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -188,7 +188,7 @@ def last_backoff_cause(manager: Any) -> str | None:
         return None
 
 
-def record_backoff_decision(
+def record_backoff_decision(  # noqa: PLR0917 (the call sites read as a sentence)
     crawler: Crawler,
     scope_id: ScopeID,
     manager: Any,
@@ -200,10 +200,8 @@ def record_backoff_decision(
 ) -> None:
     """Remember and (with *debug*) log a backoff trigger applied to a scope."""
     header = hold_header(_RESPONSE.get()) if hold is not None else None
-    try:
+    with suppress(TypeError):  # a scope manager that is not weak-referenceable
         _CAUSES[manager] = f"{cause}, {header}" if header else cause
-    except TypeError:
-        pass
     if not debug:
         return
     get_state = getattr(manager, "get_state", None)

@@ -5,8 +5,9 @@ Each scope can hold it back for one of a few reasons, each with its own
 remedy, so the answer names the reason and not only the wait:
 
 * ``"backoff_hold"``: a hold imposed by the server (``Retry-After``,
-  ``RateLimit-*``) or by :meth:`~scrapy_adaptive_throttle.ThrottlingManager.delay_scope`;
-  nothing is sent before it ends.
+  ``RateLimit-*``) or by
+  :meth:`~scrapy_adaptive_throttle.ThrottlingManager.delay_scope`; nothing is
+  sent before it ends.
 * ``"backoff"``: the spacing between sends grew after backoff triggers and
   shrinks again after quiet windows.
 * ``"crawl_delay"``: the spacing is robots.txt's ``Crawl-delay``.
@@ -95,10 +96,14 @@ class ScopeExplanation:
         return text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Explanation:
     """Why a request (or a scope) waits: the answer of
-    :meth:`~scrapy_adaptive_throttle.ThrottlingManager.explain`."""
+    :meth:`~scrapy_adaptive_throttle.ThrottlingManager.explain`.
+
+    Its ``repr`` is the readable text (what the telnet console shows); read
+    the fields for the details.
+    """
 
     #: The request explained, or ``None`` when a scope was.
     request: Request | None
@@ -129,6 +134,8 @@ class Explanation:
             lines.append(f"  throttling_delay: {self.request_delay:.3g}s left")
         lines.extend(f"  {scope}" for scope in self.scopes)
         return "\n".join(lines)
+
+    __repr__ = __str__
 
 
 def scope_wait_reasons(
