@@ -343,7 +343,7 @@ class ThrottlingDiagnostics:
         if held:
             parts.append(
                 f"{sum(held.values())} holding requests back ("
-                + ", ".join(f"{reason} {n}" for reason, n in held.items())
+                + ", ".join(f"{reason}={n}" for reason, n in held.items())
                 + ")"
             )
         else:
@@ -351,13 +351,14 @@ class ThrottlingDiagnostics:
         if survey.busiest:
             described = []
             for active, scope, manager in survey.busiest:
-                text = f"{scope} {active}/{getattr(manager, 'concurrency', '-')}"
+                limit = getattr(manager, "concurrency", None)
+                text = f"{scope} ({active}/{'-' if limit is None else limit} in flight"
                 histogram = self.traffic.latencies.get(scope)
                 if histogram is not None:
                     (p50,) = histogram.percentiles(0.5)
                     if p50 is not None:
-                        text += f" p50 {p50 * 1000:.0f} ms"
-                described.append(text)
+                        text += f", p50 {p50 * 1000:.0f} ms"
+                described.append(text + ")")
             parts.append("busiest: " + ", ".join(described))
         if survey.longest_hold_scope is not None:
             manager = self._managers().get(survey.longest_hold_scope)
