@@ -3,6 +3,7 @@ quotas, robots.txt Crawl-delay, and a concurrency limit that adapts to each
 host's latency."""
 
 from ._addon import Addon
+from ._explain import Explanation, ScopeExplanation
 from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
 from ._pqueue import ThrottlingAwarePriorityQueue
@@ -30,9 +31,11 @@ __all__ = [
     "BackoffConfig",
     "BackoffData",
     "BackoffScopeData",
+    "Explanation",
     "LatencyScopeManager",
     "RampupConfig",
     "RequestScopes",
+    "ScopeExplanation",
     "ScopeID",
     "ThrottlingAwarePriorityQueue",
     "ThrottlingDownloader",

@@ -163,6 +163,7 @@ def _class_path(cls: Any) -> str:
     """The import path of *cls*, the public one for this package's classes."""
     import scrapy_adaptive_throttle
 
-    if getattr(scrapy_adaptive_throttle, cls.__name__, None) is cls:
-        return f"scrapy_adaptive_throttle.{cls.__name__}"
+    name: str = cls.__name__
+    if getattr(scrapy_adaptive_throttle, name, None) is cls:
+        return f"scrapy_adaptive_throttle.{name}"
     return f"{cls.__module__}.{cls.__qualname__}"
