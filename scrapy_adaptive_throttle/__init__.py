@@ -3,6 +3,7 @@ quotas, robots.txt Crawl-delay, and a concurrency limit that adapts to each
 host's latency."""
 
 from ._addon import Addon
+from ._containment import ThrottlingComponentError
 from ._explain import Explanation, ScopeExplanation
 from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
@@ -38,6 +39,7 @@ __all__ = [
     "ScopeExplanation",
     "ScopeID",
     "ThrottlingAwarePriorityQueue",
+    "ThrottlingComponentError",
     "ThrottlingDownloader",
     "ThrottlingDownloaderMiddleware",
     "ThrottlingManager",

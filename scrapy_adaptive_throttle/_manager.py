@@ -15,6 +15,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ from ._algorithms import (
     parse_ratelimit_reset,
     parse_retry_after,
 )
+from ._containment import ScopeManagerError, report, validate_scopes
 from ._decisions import record_backoff_decision, responding
 from ._settings import ThrottlingSettings
 from ._types import (
@@ -62,6 +64,9 @@ SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
 DELAYED_META_KEY = "_throttling_delayed"
 DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
 
+#: The longest throttling_delay honoured (one day): a longer one is taken for
+#: a mistake (milliseconds, or a timestamp) rather than held for ever.
+MAX_REQUEST_DELAY = 86400.0
 #: The longest a gate waiter sleeps before checking whether the crawl closes.
 _CLOSE_CHECK_INTERVAL = 1.0
 #: Scopes that back off on this status are the ones held by a successful
@@ -118,6 +123,7 @@ class ThrottlingManager:
         self._last_eviction: float | None = None
         self._gate_waiting = 0
         self._warned_waiting = False
+        self._warned_invalid_delay = False
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
         self._stats = crawler.stats
         if self.config.robotstxt_obey:
@@ -175,9 +181,7 @@ class ThrottlingManager:
         whose ``push`` is synchronous.
         """
         if self._sync_get_scopes:
-            scopes = self.get_request_scopes(request)
-            if scopes is not None and not isinstance(scopes, (str, dict)):
-                scopes = list(scopes)
+            scopes = validate_scopes(self.get_request_scopes(request), request)
             request.meta[RESOLVED_SCOPES_META_KEY] = scopes
             return scopes
         coroutine = self.get_scopes(request)
@@ -227,10 +231,13 @@ class ThrottlingManager:
         cls = scope_config.manager or self.config.scope_manager_cls
         config = dict(scope_config.raw)
         config["id"] = scope_id
-        if hasattr(cls, "from_crawler"):
-            manager = cls.from_crawler(self.crawler, config)
-        else:
-            manager = cls(self.crawler, config)
+        try:
+            if hasattr(cls, "from_crawler"):
+                manager = cls.from_crawler(self.crawler, config)
+            else:
+                manager = cls(self.crawler, config)
+        except Exception as exc:
+            raise ScopeManagerError(scope_id, cls, "from_crawler", exc) from exc
         self._scope_managers[scope_id] = manager
         crawl_delay = self._crawl_delays.get(scope_id)
         if crawl_delay is not None:
@@ -296,20 +303,36 @@ class ThrottlingManager:
         blocked: ScopeID | None = None
         for scope_id, amount in scope_values:
             manager = self.get_scope_manager(scope_id)
-            scope_wait = manager.can_send(now, amount)
+            try:
+                scope_wait = manager.can_send(now, amount)
+                if blocked is None and _concurrency_blocked(manager):
+                    blocked = scope_id
+            except Exception as exc:
+                raise ScopeManagerError(scope_id, manager, "can_send", exc) from exc
             wait = max(wait, scope_wait)
-            if blocked is None and _concurrency_blocked(manager):
-                blocked = scope_id
         return wait, blocked
 
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
     ) -> None:
-        """Record *request* as sent on each of its scopes."""
+        """Record *request* as sent on each of its scopes.
+
+        All or nothing: if a scope manager fails, the scopes already recorded
+        are released again and the error is raised.
+        """
+        # Every send passes here, whichever path it takes (scheduler queue or
+        # gate), so idle scopes are evicted whatever the crawl's setup.
+        self._maybe_evict(now)
         reservation: Reservation = []
         for scope_id, amount in scope_values:
             manager = self.get_scope_manager(scope_id)
-            manager.record_sent(now, amount)
+            try:
+                manager.record_sent(now, amount)
+            except Exception as exc:
+                for _, sent_manager in reservation:
+                    with suppress(Exception):
+                        sent_manager.record_done(now)
+                raise ScopeManagerError(scope_id, manager, "record_sent", exc) from exc
             reservation.append((scope_id, manager))
         self._reserved[request] = reservation
 
@@ -328,9 +351,7 @@ class ThrottlingManager:
 
     def reserve(self, request: Request) -> None:
         """Record *request* as sent; a later :meth:`acquire` returns at once."""
-        now = self.clock()
-        self._maybe_evict(now)
-        self.reserve_scopes(request, self._sent_scope_values(request), now)
+        self.reserve_scopes(request, self._sent_scope_values(request), self.clock())
 
     def get_time_until_ready(self, request: Request) -> float | None:
         """Seconds until every time gate of *request* opens; ``None`` if open."""
@@ -358,15 +379,12 @@ class ThrottlingManager:
         wall = time.time()
         deadline = meta.get(DELAY_DEADLINE_META_KEY)
         if deadline is None:
-            try:
-                seconds = float(delay)
-            except (TypeError, ValueError):
-                logger.warning(
-                    "Ignoring invalid throttling_delay %r of %s", delay, request
-                )
+            seconds = _request_delay_seconds(delay)
+            if seconds is None:
+                self._warn_invalid_delay(delay, request)
                 meta[DELAYED_META_KEY] = True
                 return 0.0
-            if not math.isfinite(seconds) or seconds <= 0:
+            if seconds == 0:
                 meta[DELAYED_META_KEY] = True
                 return 0.0
             deadline = wall + seconds
@@ -380,6 +398,20 @@ class ThrottlingManager:
             meta[DELAYED_META_KEY] = True
             return 0.0
         return remaining
+
+    def _warn_invalid_delay(self, delay: Any, request: Request) -> None:
+        self._inc_stat("throttling/invalid_delay_count")
+        if self._warned_invalid_delay:
+            return
+        self._warned_invalid_delay = True
+        logger.warning(
+            "Ignoring the throttling_delay %r of %s: it must be a number of "
+            "seconds from 0 to %d; the request is sent without it. Further "
+            "invalid values are only counted (throttling/invalid_delay_count).",
+            delay,
+            request,
+            MAX_REQUEST_DELAY,
+        )
 
     # -- the gate -------------------------------------------------------------
 
@@ -413,7 +445,6 @@ class ThrottlingManager:
         waited = False
         while True:
             now = self.clock()
-            self._maybe_evict(now)
             wait, blocked = self.check_scopes(scope_values, now)
             if wait <= 0 and blocked is None:
                 self.reserve_scopes(request, scope_values, now)
@@ -499,7 +530,20 @@ class ThrottlingManager:
         now = self.clock()
         listeners = self._release_listeners
         for scope_id, manager in reservation:
-            manager.record_done(now)
+            try:
+                manager.record_done(now)
+            except Exception as exc:
+                # The download itself succeeded or failed on its own: its
+                # outcome still reaches the spider, and the other scopes and
+                # the waiters are released.
+                error = ScopeManagerError(scope_id, manager, "record_done", exc)
+                report(
+                    request,
+                    error.component,
+                    exc,
+                    "its slot may stay counted by that scope manager",
+                    self._stats,
+                )
             for listener in listeners:
                 listener(scope_id)
 
@@ -955,6 +999,19 @@ def _valid_delay(value: Any) -> float | None:
     if not math.isfinite(delay) or delay <= 0:
         return None
     return delay
+
+
+def _request_delay_seconds(value: Any) -> float | None:
+    """*value* of ``throttling_delay`` in seconds, ``None`` if out of range."""
+    if isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not 0 <= seconds <= MAX_REQUEST_DELAY:  # also false for nan
+        return None
+    return seconds
 
 
 def _accepts_keyword(method: Callable[..., Any], name: str) -> bool:

@@ -16,6 +16,7 @@ happened, never scans every scope.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import logging
@@ -30,9 +31,16 @@ from typing import TYPE_CHECKING, Any
 from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
 from scrapy.utils.asyncio import call_later
 
-from ._manager import DELAYED_META_KEY
+from ._containment import (
+    component_of,
+    fail_request,
+    host_scope,
+    report,
+    validate_scopes,
+)
+from ._manager import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
 from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope_values
-from ._wiring import get_throttler
+from ._wiring import get_throttler, request_released
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
@@ -52,6 +60,9 @@ _SEPARATOR = "\n"
 
 #: Quota shares are told apart in steps of 1/_SHARE_STEPS of the quota.
 _SHARE_STEPS = 20
+#: Queue directory names longer than this (in bytes) are shortened, keeping a
+#: hash of the whole name: most file systems allow 255 bytes.
+_MAX_DIR_NAME_BYTES = 200
 #: The most buckets looked at for a request that fits in what is left of a
 #: quota when the head of its queue does not.
 _BACKFILL_BUCKETS = 32
@@ -202,9 +213,12 @@ class ThrottlingAwarePriorityQueue:
         self._size = 0
         self._resolving = 0
         self._wakeup: CallLaterResult | None = None
+        #: The request being reserved, for _fail_head if reserving it fails.
+        self._reserving: Request | None = None
         self._wakeup_at = float("inf")
         self._check = getattr(self.throttler, "check_scopes", None)
         self._reserve = getattr(self.throttler, "reserve_scopes", None)
+        self._resolve_now = getattr(self.throttler, "resolve_scopes_now", None)
         self._has_quota = (
             {
                 scope_id
@@ -226,6 +240,10 @@ class ThrottlingAwarePriorityQueue:
         listen = getattr(self.throttler, "add_release_listener", None)
         if listen is not None:
             listen(self._on_release)
+        else:
+            # A manager written only to the protocol cannot tell us when it
+            # frees a slot; a request leaving the downloader is when it does.
+            crawler.signals.connect(self._on_request_left, signal=request_released)
         for json_key, prios in (startprios or {}).items():
             scopes = json.loads(json_key)
             entry = self._entry(scopes, prios)
@@ -256,7 +274,7 @@ class ThrottlingAwarePriorityQueue:
     def _subdir(self, scopes: list[ScopeID]) -> str:
         if not self.key:
             return ""
-        return self.key + "/" + _path_safe(json.dumps(scopes))
+        return self.key + "/" + _dir_name(json.dumps(scopes))
 
     def _make_ready(self, entry: _Entry) -> None:
         self._seq += 1
@@ -280,15 +298,12 @@ class ThrottlingAwarePriorityQueue:
 
     def push(self, request: Request) -> None:
         """Queue *request* under its scope set (resolving its scopes now)."""
-        delay = self.throttler.get_request_delay(request)
-        if delay > 0:
-            # Held in memory by throttling_delay; flushed to its queue at close.
-            self._seq += 1
-            heapq.heappush(self._delayed, (time.time() + delay, self._seq, request))
-            self._size += 1
-            self._arm_wakeup(self._clock() + delay)
+        if self._hold_if_delayed(request):
             return
-        resolved = self.throttler.resolve_scopes_now(request)
+        try:
+            resolved = self._resolve(request)
+        except Exception as exc:
+            resolved = self._host_scope(request, exc)
         if not hasattr(resolved, "addCallback"):
             self._push_resolved(request, resolved)
             return
@@ -303,20 +318,45 @@ class ThrottlingAwarePriorityQueue:
             lambda failure: self._on_resolved(request, None, failure),
         )
 
+    def _hold_if_delayed(self, request: Request) -> bool:
+        """Hold *request* aside while its ``throttling_delay`` runs."""
+        delay = self.throttler.get_request_delay(request)
+        if delay <= 0:
+            return False
+        # Held in memory; at close it goes to its queue with its wall-clock
+        # deadline, which pop() honours after a resume.
+        self._seq += 1
+        heapq.heappush(self._delayed, (time.time() + delay, self._seq, request))
+        self._size += 1
+        self._arm_wakeup(self._clock() + delay)
+        return True
+
+    def _resolve(self, request: Request) -> Any:
+        """The scopes of *request*, or a Deferred firing with them."""
+        if self._resolve_now is not None:
+            return self._resolve_now(request)
+        return _resolve_with_get_scopes(self.throttler, request)
+
+    def _host_scope(self, request: Request, error: BaseException) -> RequestScopes:
+        """Queue *request* with the scope of its host after *error*."""
+        report(
+            request,
+            component_of(error, f"{_name(self.throttler)}.get_scopes()"),
+            error,
+            "it is throttled with the scope of its host",
+            self.crawler.stats,
+        )
+        scopes = host_scope(request)
+        request.meta[RESOLVED_SCOPES_META_KEY] = scopes
+        return scopes
+
     def _on_resolved(
         self, request: Request, scopes: RequestScopes, failure: Any = None
     ) -> None:
         self._resolving -= 1
         self._size -= 1
         if failure is not None:
-            logger.error(
-                "Error while resolving the throttling scopes of %s; it is queued "
-                "with the scope of its host",
-                request,
-                exc_info=(failure.type, failure.value, failure.getTracebackObject()),
-            )
-            scopes = self.throttler.get_request_scopes(request)
-            request.meta[RESOLVED_SCOPES_META_KEY] = scopes
+            scopes = self._host_scope(request, failure.value)
         try:
             self._push_resolved(request, scopes)
         except ValueError:
@@ -374,11 +414,48 @@ class ThrottlingAwarePriorityQueue:
             entry = entries.get(key)
             if entry is None or entry.seq != seq or entry.state != _READY:
                 continue  # stale item: the queue was re-keyed or moved since
-            request = self._try_entry(entry, now)
-            if request is not None:
-                return request
+            try:
+                request = self._try_entry(entry, now)
+            except Exception as exc:
+                request = self._fail_head(entry, exc)
+            if request is None:
+                continue
+            if DELAY_DEADLINE_META_KEY in request.meta and self._still_delayed(request):
+                continue
+            return request
         self._arm_next_wakeup()
         return None
+
+    def _fail_head(self, entry: _Entry, error: Exception) -> Request | None:
+        """A throttling component failed while *entry* was looked at: its head
+        request goes to its errback (no reservation is kept), the rest of the
+        queue stays sendable."""
+        request = self._reserving
+        self._reserving = None
+        if request is None:
+            request = entry.queue.pop()
+            if request is None:  # pragma: no cover - a ready queue is not empty
+                self._remove(entry)
+                return None
+            self._size -= 1
+        if self._entries.get(entry.key) is entry:
+            if len(entry.queue):
+                self._make_ready(entry)
+            else:
+                self._remove(entry)
+        component = component_of(error, f"{_name(self.throttler)}")
+        report(request, component, error, "it is not sent", self.crawler.stats)
+        fail_request(request, component, error)
+        return request
+
+    def _still_delayed(self, request: Request) -> bool:
+        """Release and hold aside a request whose ``throttling_delay`` has not
+        run out (restored from a job directory before its deadline)."""
+        if self.throttler.get_request_delay(request) <= 0:
+            return False
+        self.throttler.release(request)
+        self._hold_if_delayed(request)
+        return True
 
     def _try_entry(self, entry: _Entry, now: float) -> Request | None:
         head: Request | None = None
@@ -430,10 +507,12 @@ class ThrottlingAwarePriorityQueue:
             request = entry.queue.pop()
         assert request is not None
         self._size -= 1
+        self._reserving = request
         if self._reserve is not None:
             self._reserve(request, values, now)
         else:
             self.throttler.reserve(request)
+        self._reserving = None
         if len(entry.queue):
             self._make_ready(entry)
         else:
@@ -477,10 +556,17 @@ class ThrottlingAwarePriorityQueue:
         blocked = self._blocked
         if not blocked:
             return
+        get_scope_manager = getattr(self.throttler, "get_scope_manager", None)
         for scope in entry.scopes:
             if scope != skip and scope in blocked:
-                manager = self.throttler.get_scope_manager(scope)
-                if not manager.concurrency_blocked():
+                if get_scope_manager is None:
+                    self._on_release(scope)
+                    continue
+                try:
+                    still_blocked = get_scope_manager(scope).concurrency_blocked()
+                except Exception:  # reported when a request meets it
+                    still_blocked = False
+                if not still_blocked:
                     self._on_release(scope)
 
     def _on_release(self, scope_id: ScopeID) -> None:
@@ -495,6 +581,10 @@ class ThrottlingAwarePriorityQueue:
                 break
         if not waiting:
             del self._blocked[scope_id]
+
+    def _on_request_left(self, request: Request) -> None:
+        for scope in _scope_list(request.meta.get(RESOLVED_SCOPES_META_KEY)):
+            self._on_release(scope)
 
     def _promote_timed(self, now: float) -> None:
         timed = self._timed
@@ -566,14 +656,23 @@ class ThrottlingAwarePriorityQueue:
         remove = getattr(self.throttler, "remove_release_listener", None)
         if remove is not None:
             remove(self._on_release)
+        else:
+            self.crawler.signals.disconnect(
+                self._on_request_left, signal=request_released
+            )
         while self._delayed:
+            # Queued with their wall-clock deadline (not marked as delayed):
+            # a resumed crawl holds them again until then (see pop()).
             _, _, request = heapq.heappop(self._delayed)
             self._size -= 1
-            request.meta[DELAYED_META_KEY] = True
-            resolved = self.throttler.resolve_scopes_now(request)
-            if hasattr(resolved, "addCallback"):
-                resolved.cancel()
-                resolved = self.throttler.get_request_scopes(request)
+            try:
+                resolved = self._resolve(request)
+                if hasattr(resolved, "addCallback"):
+                    resolved.cancel()
+                    resolved = host_scope(request)
+                    request.meta[RESOLVED_SCOPES_META_KEY] = resolved
+            except Exception as exc:
+                resolved = self._host_scope(request, exc)
             try:
                 self._push_resolved(request, resolved)
             except ValueError:
@@ -592,3 +691,40 @@ class ThrottlingAwarePriorityQueue:
 
     def __contains__(self, scope_set: Iterable[ScopeID]) -> bool:
         return _SEPARATOR.join(sorted(set(scope_set))) in self._entries
+
+
+def _dir_name(text: str) -> str:
+    """A directory name for *text*, safe on any file system whatever its
+    length or characters (long ones keep a prefix and a hash of the whole)."""
+    name = _path_safe(text)
+    if len(name.encode()) <= _MAX_DIR_NAME_BYTES:
+        return name  # as before, so that older job directories still resume
+    digest = hashlib.sha1(text.encode()).hexdigest()
+    prefix = name.encode()[: _MAX_DIR_NAME_BYTES - len(digest) - 1]
+    return f"{prefix.decode(errors='ignore')}-{digest}"
+
+
+def _name(component: object) -> str:
+    cls = type(component)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _resolve_with_get_scopes(throttler: Any, request: Request) -> Any:
+    """Resolve *request*'s scopes with the protocol's ``get_scopes``: its
+    result at once when it does not really await, else a Deferred."""
+    coroutine = throttler.get_scopes(request)
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        scopes = validate_scopes(stop.value, request)
+        request.meta[RESOLVED_SCOPES_META_KEY] = scopes
+        return scopes
+    coroutine.close()
+    from scrapy.utils.defer import deferred_from_coro
+
+    async def resolve() -> RequestScopes:
+        scopes = validate_scopes(await throttler.get_scopes(request), request)
+        request.meta[RESOLVED_SCOPES_META_KEY] = scopes
+        return scopes
+
+    return deferred_from_coro(resolve())

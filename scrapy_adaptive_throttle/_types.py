@@ -333,9 +333,9 @@ def scope_cache(f: _F) -> _F:
 
     @functools.wraps(f)
     async def wrapper(self: Any, request: Request) -> RequestScopes:
-        scopes = await f(self, request)
-        if scopes is not None and not isinstance(scopes, (str, dict)):
-            scopes = list(scopes)
+        from ._containment import validate_scopes
+
+        scopes = validate_scopes(await f(self, request), request)
         request.meta[RESOLVED_SCOPES_META_KEY] = scopes
         return scopes
 

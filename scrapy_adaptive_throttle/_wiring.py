@@ -25,6 +25,12 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
+from ._containment import (
+    ThrottlingComponentError,
+    component_of,
+    report,
+    take_failure,
+)
 from ._settings import ThrottlingSettings
 
 if TYPE_CHECKING:
@@ -34,6 +40,10 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
+
+#: Signal sent with ``request`` after the downloader released the throttling
+#: reservation of a request, when the manager has no release listeners.
+request_released = object()
 
 #: Meta key removed before every download so that a ``download_latency``
 #: copied from another request (retries, redirects) is never read as ours.
@@ -118,6 +128,9 @@ class ThrottlingDownloader(Downloader):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         self.throttler = get_throttler(crawler)
+        # A manager written only to the protocol has no release listeners:
+        # the scheduler queue learns of freed slots from this signal instead.
+        self._signal_release = not hasattr(self.throttler, "add_release_listener")
         self.domain_concurrency = sys.maxsize
         self.ip_concurrency = 0
         self._delay = 0.0
@@ -165,6 +178,10 @@ class ThrottlingDownloader(Downloader):
     def _done(self, result: Any, request: Request) -> Any:
         self.active.discard(request)
         self.throttler.release(request)
+        if self._signal_release:
+            self.crawler.signals.send_catch_log(
+                signal=request_released, request=request
+            )
         return result
 
 
@@ -212,18 +229,55 @@ class ThrottlingDownloaderMiddleware:
             self.throttler.apply_backoff(data, cause="initial")
 
     async def process_request(self, request: Request) -> None:
+        failure = take_failure(request)
+        if failure is not None:  # reported when the scheduler queue popped it
+            raise failure
         request.meta.pop(_LATENCY_META_KEY, None)
-        await self.throttler.acquire(request)
+        try:
+            await self.throttler.acquire(request)
+        except IgnoreRequest:
+            raise
+        except Exception as exc:
+            component = component_of(exc, f"{_name(self.throttler)}.acquire()")
+            report(request, component, exc, "it is not sent", self.crawler.stats)
+            raise ThrottlingComponentError(component, request, exc) from exc
 
     async def process_response(self, request: Request, response: Response) -> Response:
         if "cached" in response.flags:
             return response
         if response.request is None:
             response.request = request
-        await self.throttler.process_response(response)
+        try:
+            await self.throttler.process_response(response)
+        except Exception as exc:
+            component = component_of(exc, f"{_name(self.throttler)}.process_response()")
+            report(
+                request,
+                component,
+                exc,
+                "the response goes on to the spider without a backoff decision",
+                self.crawler.stats,
+            )
         return response
 
     async def process_exception(self, request: Request, exception: Exception) -> None:
         if isinstance(exception, IgnoreRequest):
             return
-        await self.throttler.process_exception(request, exception)
+        try:
+            await self.throttler.process_exception(request, exception)
+        except Exception as exc:
+            component = component_of(
+                exc, f"{_name(self.throttler)}.process_exception()"
+            )
+            report(
+                request,
+                component,
+                exc,
+                "the download error goes on without a backoff decision",
+                self.crawler.stats,
+            )
+
+
+def _name(component: object) -> str:
+    cls = type(component)
+    return f"{cls.__module__}.{cls.__qualname__}"

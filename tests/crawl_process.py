@@ -69,6 +69,8 @@ def main() -> None:
             if isinstance(value, (int, float, str))
         },
     }
+    throttler = getattr(crawler, "throttler", None)
+    result["live_scopes"] = len(getattr(throttler, "_scope_managers", ()))
     if isinstance(spider, FollowSpider):
         result["expected"] = sorted(spider.expected_urls())
         result["lost"] = sorted(spider.lost_urls())

@@ -4,7 +4,8 @@
 asyncio reactor), ``epoll`` in a fresh process (``tests.crawl_process``), so
 that every engine-facing test can run on both of Scrapy's usual reactors.
 Both return the same dict: ``responses``, ``failures``, ``expected``,
-``lost``, ``finish_reason``, ``stats`` (numbers and strings only).
+``lost``, ``finish_reason``, ``live_scopes`` (scopes the plugin's manager
+still holds at close) and ``stats`` (numbers and strings only).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ async def crawl_follow(
         "expected": sorted(spider.expected_urls()),
         "lost": sorted(spider.lost_urls()),
         "finish_reason": crawler.stats.get_value("finish_reason"),
+        "live_scopes": len(
+            getattr(getattr(crawler, "throttler", None), "_scope_managers", ())
+        ),
         "stats": {
             key: value
             for key, value in crawler.stats.get_stats().items()

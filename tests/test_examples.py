@@ -239,7 +239,11 @@ async def test_endpoint_specific_throttling(simhosts):
     slow_times = [t for t, path, *_ in arrivals if "/slow-endpoint" in path]
     assert len(fast_times) == 12
     assert len(slow_times) == 4
-    assert min(b - a for a, b in itertools.pairwise(fast_times)) >= 0.075
+    # Gaps are seen at the server: the time from send to arrival varies by a
+    # few milliseconds on a loaded machine, so one gap may look shorter.
+    gaps = [b - a for a, b in itertools.pairwise(fast_times)]
+    assert min(gaps) >= 0.065
+    assert sum(gaps) / len(gaps) >= 0.079
     assert min(b - a for a, b in itertools.pairwise(slow_times)) >= 0.49
     # 12 fast requests 0.08 s apart are done before the 3rd slow one starts.
     assert fast_times[-1] < slow_times[2]

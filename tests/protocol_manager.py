@@ -1,0 +1,98 @@
+"""A THROTTLING_MANAGER written only to the documented protocol.
+
+Nothing of the plugin's own manager: per-host concurrency
+(``PROTOCOL_MANAGER_LIMIT``, default 2), no delay, no backoff. It shows that
+the add-on's scheduler queue and downloader need nothing beyond the protocol.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from scrapy import Request
+from scrapy.crawler import Crawler
+from scrapy.http import Response
+from scrapy.utils.asyncio import sleep
+from scrapy.utils.httpobj import urlparse_cached
+
+
+class ProtocolOnlyManager:
+    """Per-host concurrency limit, to ``ThrottlingManagerProtocol`` only."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+        self.limit = crawler.settings.getint("PROTOCOL_MANAGER_LIMIT", 2)
+        self.active: defaultdict[str, int] = defaultdict(int)
+        self.reserved: dict[Request, str] = {}
+        self.max_active = 0
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ProtocolOnlyManager:
+        return cls(crawler)
+
+    @staticmethod
+    def _scope(request: Request) -> str:
+        return urlparse_cached(request).netloc
+
+    async def get_scopes(self, request: Request) -> Any:
+        return self._scope(request)
+
+    async def get_initial_backoff(self) -> Any:
+        return None
+
+    async def get_response_backoff(self, response: Response) -> Any:
+        return None
+
+    async def get_exception_backoff(
+        self, request: Request, exception: Exception
+    ) -> Any:
+        return None
+
+    def is_ready(self, request: Request) -> bool:
+        return self.active[self._scope(request)] < self.limit
+
+    def reserve(self, request: Request) -> None:
+        scope = self._scope(request)
+        self.active[scope] += 1
+        self.max_active = max(self.max_active, self.active[scope])
+        self.reserved[request] = scope
+
+    async def acquire(self, request: Request) -> None:
+        if request in self.reserved:
+            return
+        while not self.is_ready(request):
+            await sleep(0.01)
+        self.reserve(request)
+
+    def release(self, request: Request) -> None:
+        scope = self.reserved.pop(request, None)
+        if scope is not None:
+            self.active[scope] -= 1
+
+    def get_time_until_ready(self, request: Request) -> float | None:
+        return None
+
+    def get_slot_key(self, request: Request) -> str:
+        return self._scope(request)
+
+    def get_scope_load(self, scope_id: str) -> float:
+        return self.active[scope_id] / self.limit
+
+    def get_request_delay(self, request: Request, now: float | None = None) -> float:
+        return 0.0
+
+    def delay_scope(self, scope_id: str, delay: float) -> None:
+        pass
+
+    def get_scope_delay(self, scope_id: str) -> float:
+        return 0.0
+
+    def set_scope_delay(self, scope_id: str, delay: float) -> None:
+        pass
+
+    async def process_response(self, response: Response) -> None:
+        pass
+
+    async def process_exception(self, request: Request, exception: Exception) -> None:
+        pass

@@ -1,0 +1,82 @@
+"""Scope eviction with the scheduler queue, and job directories that keep
+every request's scopes and delays, whatever the scope ids."""
+
+from __future__ import annotations
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from tests.engine_crawls import ADDON, REACTORS, crawl_follow, crawl_in_process
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_idle_scopes_are_evicted_when_requests_come_from_the_queue(
+    simhosts, reactor
+):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.0})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "THROTTLING_MANAGER": "tests.faulty_components.ScopePerPage",
+            "THROTTLING_SCOPE_MAX_IDLE": 0.5,
+            "CONCURRENT_REQUESTS": 8,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+        },
+        [hosts.url("A")],
+        depth=3,
+        fanout=6,
+        child_query="delay=0.1",
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) == 259
+    # 260 scopes were used over ~4 s; those idle for 0.5 s are gone.
+    assert result["live_scopes"] < 100
+
+
+def test_jobdir_resume_honours_the_remaining_throttling_delay(simhosts, tmp_path):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
+    urls = [hosts.url("A", f"/page/{i}") for i in range(4)] + [
+        hosts.url("A", "/delayed")
+    ]
+    config = {
+        "settings": {"ADDONS": ADDON, "JOBDIR": str(tmp_path / "job")},
+        "urls": urls,
+        "metas": [{}, {}, {}, {}, {"throttling_delay": 6.0}],
+        "stop_after": 4,
+    }
+    first = crawl_in_process(config)
+    assert first["finish_reason"] == "stopped_half_way"
+    assert all("/delayed" not in entry["url"] for entry in first["responses"])
+    second = crawl_in_process({**config, "stop_after": None})
+    assert second["finish_reason"] == "finished"
+    arrivals = {path: t for t, path, *_ in hosts.stats("A")["arrivals"]}
+    assert set(arrivals) == {"/page/0", "/page/1", "/page/2", "/page/3", "/delayed"}
+    # Host time 0 is the first page's arrival, just after the delay started.
+    assert arrivals["/delayed"] >= 5.5
+
+
+def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
+    long_scopes = [f"{'x' * 75}-{n}" for n in range(3)]
+    urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
+    config = {
+        "settings": {
+            "ADDONS": ADDON,
+            "JOBDIR": str(tmp_path / "job"),
+            "CONCURRENT_REQUESTS": 2,
+            "THROTTLING_SCOPES": {long_scopes[0]: {"concurrency": 1}},
+        },
+        "urls": urls,
+        "metas": [{"throttling_scopes": long_scopes}] * 20,
+        "stop_after": 5,
+    }
+    first = crawl_in_process(config)
+    assert first["finish_reason"] == "stopped_half_way"
+    second = crawl_in_process({**config, "stop_after": None})
+    assert second["finish_reason"] == "finished"
+    fetched = sorted(path for _, path, *_ in hosts.stats("A")["arrivals"])
+    assert fetched == sorted(f"/page/{i}" for i in range(20))
+    assert hosts.stats("A")["max_concurrency"] == 1
