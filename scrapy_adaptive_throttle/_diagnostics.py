@@ -248,25 +248,20 @@ class ThrottlingDiagnostics:
         in_flight = 0
         longest = 0.0
         longest_scope = None
+        busy: list[tuple[int, ScopeID, Any]] = []
+        # One pass of attribute reads: this runs over every live scope.
         for scope, manager in managers.items():
-            in_flight += getattr(manager, "active", 0)
+            active = getattr(manager, "active", 0)
+            if active:
+                in_flight += active
+                busy.append((active, scope, manager))
             backoff = getattr(manager, "_backoff", None)
-            if backoff is not None:
-                hold = backoff.hold_until - now
-                if hold > longest:
-                    longest, longest_scope = hold, scope
+            if backoff is not None and backoff.hold_until - now > longest:
+                longest, longest_scope = backoff.hold_until - now, scope
         survey.in_flight = in_flight
         survey.longest_hold = longest
         survey.longest_hold_scope = longest_scope
-        survey.busiest = heapq.nlargest(
-            PROGRESS_SCOPES,
-            (
-                (getattr(m, "active", 0), s, m)
-                for s, m in managers.items()
-                if getattr(m, "active", 0)
-            ),
-            key=lambda item: item[0],
-        )
+        survey.busiest = heapq.nlargest(PROGRESS_SCOPES, busy, key=lambda item: item[0])
         for scope in self._pending_scopes(managers):
             manager = managers.get(scope)
             if manager is None:
