@@ -4,6 +4,7 @@ host's latency."""
 
 from ._addon import Addon
 from ._containment import ThrottlingComponentError
+from ._explain import Explanation, ScopeExplanation
 from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
 from ._pqueue import ThrottlingAwarePriorityQueue
@@ -31,9 +32,11 @@ __all__ = [
     "BackoffConfig",
     "BackoffData",
     "BackoffScopeData",
+    "Explanation",
     "LatencyScopeManager",
     "RampupConfig",
     "RequestScopes",
+    "ScopeExplanation",
     "ScopeID",
     "ThrottlingAwarePriorityQueue",
     "ThrottlingComponentError",

@@ -1,33 +1,52 @@
-"""The diagnostic hook: scope states in the log and in the stats.
+"""What the throttler decides, while the crawl runs and when it ends.
 
-The guide "Adapting Crawl Rate to Host Latency" ends on it: export each
-host's current limit and recent best latency, because a host whose limit sits
-at the minimum for long periods is overloaded or has a baseline that no longer
-fits, and one pinned at the maximum has capacity you chose not to use; neither
-shows in aggregate pages per second. Every scope's state is readable at any
-time through ``crawler.throttler.get_scope_state(scope)`` and
-``iter_scope_states()``; this extension logs the busiest scopes periodically
-with :setting:`THROTTLING_DEBUG`, and sums them up in stats when the spider
-closes.
+The guide "Adapting Crawl Rate to Host Latency" ends on the diagnostic hook:
+a host whose limit sits at the minimum for long periods is overloaded or has
+a baseline that no longer fits, one pinned at the maximum has capacity you
+chose not to use, and neither shows in aggregate pages per second. So this
+extension, enabled by the add-on, shows per scope what the aggregate hides:
+
+* a progress line at INFO every :setting:`LOGSTATS_INTERVAL`, next to
+  Scrapy's own (:setting:`THROTTLING_PROGRESS`), and the same figures as
+  gauge stats (``throttling/live/...``) that ``PeriodicLog``, Spidermon or
+  Scrapy Cloud read mid-crawl;
+* per-scope stats at close: the final limit and latency percentiles of the
+  configured scopes and of the busiest ones;
+* the timeline file (:setting:`THROTTLING_TIMELINE_FILE`);
+* ``explain(url_or_scope)`` in the telnet console.
+
+Every figure is bounded: a pass over the live scopes per
+:setting:`LOGSTATS_INTERVAL` (attribute reads, no copies), and work
+proportional to the scopes written per timeline sample. ``bench/observe_cost.py``
+measures the cost with 100 000 scopes.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
-from scrapy import signals
+from scrapy import Request, signals
+from scrapy.extensions.telnet import update_telnet_vars
 from scrapy.utils.asyncio import create_looping_call
 
-from ._settings import ThrottlingSettings
+from ._explain import REASONS, Explanation, primary_reason, scope_wait_reasons
+from ._settings import ThrottlingSettings, to_bool, to_float, to_int
+from ._timeline import ScopeTraffic, TimelineWriter
+from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, iter_scopes
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from scrapy.crawler import Crawler
+    from scrapy.http import Response
     from typing_extensions import Self
 
-__all__ = ["ThrottlingDiagnostics"]
+__all__ = ["ObservabilitySettings", "ThrottlingDiagnostics"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +54,10 @@ logger = logging.getLogger(__name__)
 LOG_INTERVAL = 10.0
 #: Scopes named in each periodic log line, and per stats list at close.
 LISTED_SCOPES = 10
+#: Scopes named as the busiest in the progress line.
+PROGRESS_SCOPES = 3
+#: Configured scopes given per-scope stats at close, at most.
+CONFIGURED_STATS_SCOPES = 50
 #: A scope is "pinned" at a bound when at least this share of its latency
 #: samples was taken there ...
 PINNED_SHARE = 0.5
@@ -42,46 +65,387 @@ PINNED_SHARE = 0.5
 PINNED_MIN_SAMPLES = 20
 
 
+@dataclass(frozen=True)
+class ObservabilitySettings:
+    """The settings of this extension, read and validated once."""
+
+    progress: bool
+    progress_interval: float
+    timeline_file: str | None
+    timeline_interval: float
+    timeline_scopes: int
+    stats_scopes: int
+    debug: bool
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ObservabilitySettings:
+        settings = crawler.settings
+        timeline = settings.get("THROTTLING_TIMELINE_FILE")
+        if timeline is not None and not isinstance(timeline, (str, Path)):
+            raise ValueError(
+                f"Invalid THROTTLING_TIMELINE_FILE value {timeline!r}: expected a path"
+            )
+        return cls(
+            progress=to_bool(
+                settings.get("THROTTLING_PROGRESS", True), "THROTTLING_PROGRESS"
+            ),
+            progress_interval=to_float(
+                settings.get("LOGSTATS_INTERVAL", 60.0), "LOGSTATS_INTERVAL"
+            ),
+            timeline_file=str(timeline) if timeline else None,
+            timeline_interval=to_float(
+                settings.get("THROTTLING_TIMELINE_INTERVAL", 1.0),
+                "THROTTLING_TIMELINE_INTERVAL",
+                minimum=0.01,
+            ),
+            timeline_scopes=to_int(
+                settings.get("THROTTLING_TIMELINE_SCOPES", 10),
+                "THROTTLING_TIMELINE_SCOPES",
+                minimum=1,
+            ),
+            stats_scopes=to_int(
+                settings.get("THROTTLING_STATS_SCOPES", 10), "THROTTLING_STATS_SCOPES"
+            ),
+            debug=ThrottlingSettings.from_crawler(crawler).debug,
+        )
+
+
+@dataclass
+class Survey:
+    """One pass over the live scopes: what the progress line and the gauges say."""
+
+    scopes: int = 0
+    in_flight: int = 0
+    #: Scopes with requests waiting in the scheduler, by the reason they wait.
+    held: dict[str, int] | None = None
+    busiest: list[tuple[int, ScopeID, Any]] | None = None
+    longest_hold: float = 0.0
+    longest_hold_scope: ScopeID | None = None
+    scheduler_requests: int | None = None
+
+
 class ThrottlingDiagnostics:
-    """Log scope states with :setting:`THROTTLING_DEBUG`; sum them up in stats.
+    """Progress, gauges, per-scope stats, the timeline and the telnet shortcut.
 
-    Enabled by the add-on. At spider close it sets, for scopes with an
-    adaptive limit (:class:`~scrapy_adaptive_throttle.LatencyScopeManager`):
-
-    * ``throttling/latency/scope_count``: such scopes alive at close;
-    * ``throttling/latency/pinned_floor_count`` and
-      ``throttling/latency/pinned_floor_scopes`` (up to 10 ids, most sampled
-      first): scopes whose limit sat at its floor for at least half of their
-      latency samples;
-    * ``throttling/latency/pinned_ceiling_count`` and
-      ``throttling/latency/pinned_ceiling_scopes``: the same at the ceiling;
-    * ``throttling/latency/fixed_count``: scopes whose ceiling equals their
-      floor (nothing to adapt).
+    Enabled by the add-on; see :ref:`observability`. At spider close it also
+    sets, for scopes with an adaptive limit
+    (:class:`~scrapy_adaptive_throttle.LatencyScopeManager`), the
+    ``throttling/latency/...`` summary stats (scopes pinned at their floor
+    or ceiling, scopes with nothing to adapt).
     """
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
-        self.debug = ThrottlingSettings.from_crawler(crawler).debug
+        self.settings = ObservabilitySettings.from_crawler(crawler)
+        self.debug = self.settings.debug
         self.task: Any = None
+        self.progress_task: Any = None
+        self.timeline_task: Any = None
+        self.traffic = ScopeTraffic(track_interval=bool(self.settings.timeline_file))
+        self.timeline: TimelineWriter | None = None
+        self._timeline_stream: IO[str] | None = None
+        self._started = time.monotonic()
+        self._last_sample = self._started
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(
+            self.response_downloaded, signal=signals.response_downloaded
+        )
+        # Fired by Scrapy's TelnetConsole (the signal lives in its module).
+        crawler.signals.connect(self.update_telnet_vars, signal=update_telnet_vars)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
 
+    # -- access to the throttler -----------------------------------------------
+
+    @property
+    def throttler(self) -> Any:
+        return getattr(self.crawler, "throttler", None)
+
+    def _managers(self) -> dict[ScopeID, Any]:
+        managers: dict[ScopeID, Any] = getattr(self.throttler, "_scope_managers", {})
+        return managers
+
     def _states(self) -> list[dict[str, Any]]:
-        throttler = getattr(self.crawler, "throttler", None)
-        iter_states = getattr(throttler, "iter_scope_states", None)
+        iter_states = getattr(self.throttler, "iter_scope_states", None)
         if iter_states is None:
             return []
         states: Iterable[dict[str, Any]] = iter_states()
         return list(states)
 
+    def _state(self, scope: ScopeID, now: float) -> dict[str, Any] | None:
+        manager = self._managers().get(scope)
+        if manager is None:
+            return None
+        get_state = getattr(manager, "get_state", None)
+        if get_state is None:
+            return {"in_flight": getattr(manager, "active", 0)}
+        return dict(get_state(now))
+
+    def _clock(self) -> float:
+        clock = getattr(self.throttler, "clock", None)
+        return float(clock()) if clock is not None else time.monotonic()
+
+    # -- signals -----------------------------------------------------------------
+
     def spider_opened(self) -> None:
+        self._started = self._last_sample = time.monotonic()
         if self.debug:
             self.task = create_looping_call(self.log_states)
             self.task.start(LOG_INTERVAL, now=False)
+        if self.settings.progress_interval > 0:
+            self.progress_task = create_looping_call(self.report_progress)
+            self.progress_task.start(self.settings.progress_interval, now=False)
+        if self.settings.timeline_file:
+            path = Path(self.settings.timeline_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._timeline_stream = path.open("w", encoding="utf-8")
+            self.timeline = TimelineWriter(
+                self._timeline_stream, self.settings.timeline_scopes
+            )
+            self.timeline_task = create_looping_call(self.sample_timeline)
+            self.timeline_task.start(self.settings.timeline_interval, now=False)
+
+    def response_downloaded(self, response: Response, request: Request) -> None:
+        """Count the response and its latency for each scope of its request."""
+        meta = request.meta
+        if meta.get("throttling_dont_track"):
+            return
+        scopes = meta.get(RESOLVED_SCOPES_META_KEY)
+        if scopes is None:
+            get_scopes = getattr(self.throttler, "get_request_scopes", None)
+            if get_scopes is None:
+                return
+            scopes = get_scopes(request)
+        self.traffic.record(iter_scopes(scopes), meta.get("download_latency"))
+
+    def update_telnet_vars(self, telnet_vars: dict[str, Any]) -> None:
+        """Add ``explain`` (and ``throttler``) to the telnet console."""
+        telnet_vars["throttler"] = self.throttler
+        telnet_vars["explain"] = self.explain
+
+    def explain(self, url_or_scope: Request | str) -> Explanation:
+        """The telnet shortcut: why a request, a URL or a scope waits.
+
+        A string with ``://`` is a URL (explained as a new request to it);
+        any other string is a scope id.
+        """
+        subject: Request | str = url_or_scope
+        if isinstance(subject, str) and "://" in subject:
+            subject = Request(subject)
+        explanation: Explanation = self.throttler.explain(subject)
+        return explanation
+
+    # -- progress and gauges --------------------------------------------------
+
+    def survey(self, now: float) -> Survey:
+        """One pass over the live scopes (bounded work per scope)."""
+        managers = self._managers()
+        survey = Survey(scopes=len(managers), held=dict.fromkeys(REASONS, 0))
+        assert survey.held is not None
+        in_flight = 0
+        longest = 0.0
+        longest_scope = None
+        busy: list[tuple[int, ScopeID, Any]] = []
+        # One pass of attribute reads: this runs over every live scope.
+        for scope, manager in managers.items():
+            active = getattr(manager, "active", 0)
+            if active:
+                in_flight += active
+                busy.append((active, scope, manager))
+            backoff = getattr(manager, "_backoff", None)
+            if backoff is not None and backoff.hold_until - now > longest:
+                longest, longest_scope = backoff.hold_until - now, scope
+        survey.in_flight = in_flight
+        survey.longest_hold = longest
+        survey.longest_hold_scope = longest_scope
+        survey.busiest = heapq.nlargest(PROGRESS_SCOPES, busy, key=lambda item: item[0])
+        for scope in self._pending_scopes(managers):
+            manager = managers.get(scope)
+            if manager is None:
+                continue
+            reason = primary_reason(scope_wait_reasons(manager, now))
+            if reason is not None:
+                survey.held[reason] = survey.held.get(reason, 0) + 1
+        survey.scheduler_requests = self._scheduler_requests()
+        return survey
+
+    def _pending_scopes(self, managers: dict[ScopeID, Any]) -> Iterable[ScopeID]:
+        """Scopes with requests waiting in the throttling-aware queue (every
+        live scope if the queue does not say)."""
+        scheduler = self._scheduler()
+        queue = getattr(scheduler, "mqs", None)
+        entries = getattr(queue, "_entries", None)
+        if not isinstance(entries, dict):
+            return list(managers)
+        pending: set[ScopeID] = set()
+        for entry in entries.values():
+            pending.update(getattr(entry, "scopes", ()))
+        disk = getattr(scheduler, "dqs", None)
+        for entry in getattr(disk, "_entries", {}).values():
+            pending.update(getattr(entry, "scopes", ()))
+        return pending
+
+    def _scheduler(self) -> Any:
+        try:
+            engine = self.crawler.engine
+        except RuntimeError:  # the crawl has not started
+            return None
+        slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+        return getattr(slot, "scheduler", None)
+
+    def _scheduler_requests(self) -> int | None:
+        scheduler = self._scheduler()
+        try:
+            return len(scheduler) if scheduler is not None else None
+        except TypeError:
+            return None
+
+    def report_progress(self) -> Survey:
+        """Set the gauge stats and (with :setting:`THROTTLING_PROGRESS`) log
+        the progress line."""
+        now = self._clock()
+        survey = self.survey(now)
+        self.set_gauges(survey)
+        if self.settings.progress and survey.scopes:
+            logger.info("%s", self.format_progress(survey, now))
+        return survey
+
+    def set_gauges(self, survey: Survey) -> None:
+        stats = self.crawler.stats
+        if stats is None:
+            return
+        stats.set_value("throttling/live/scopes", survey.scopes)
+        stats.set_value("throttling/live/in_flight", survey.in_flight)
+        held = survey.held or {}
+        stats.set_value("throttling/live/held_scopes", sum(held.values()))
+        for reason, count in held.items():
+            stats.set_value(f"throttling/live/held/{reason}", count)
+        stats.set_value("throttling/live/longest_hold", round(survey.longest_hold, 3))
+        if survey.scheduler_requests is not None:
+            stats.set_value(
+                "throttling/live/scheduler_requests", survey.scheduler_requests
+            )
+
+    def format_progress(self, survey: Survey, now: float) -> str:
+        """The progress line (one line, a few hundred characters at most)."""
+        from ._decisions import last_backoff_cause
+
+        parts = [f"Throttling: {survey.scopes} scope(s), {survey.in_flight} in flight"]
+        held = {reason: n for reason, n in (survey.held or {}).items() if n}
+        if held:
+            parts.append(
+                f"{sum(held.values())} holding requests back ("
+                + ", ".join(f"{reason}={n}" for reason, n in held.items())
+                + ")"
+            )
+        else:
+            parts.append("none holding requests back")
+        if survey.busiest:
+            described = []
+            for active, scope, manager in survey.busiest:
+                limit = getattr(manager, "concurrency", None)
+                text = f"{scope} ({active}/{'-' if limit is None else limit} in flight"
+                histogram = self.traffic.latencies.get(scope)
+                if histogram is not None:
+                    (p50,) = histogram.percentiles(0.5)
+                    if p50 is not None:
+                        text += f", p50 {p50 * 1000:.0f} ms"
+                described.append(text + ")")
+            parts.append("busiest: " + ", ".join(described))
+        if survey.longest_hold_scope is not None:
+            manager = self._managers().get(survey.longest_hold_scope)
+            cause = last_backoff_cause(manager) if manager is not None else None
+            parts.append(
+                f"longest server hold {survey.longest_hold:.1f}s on "
+                f"{survey.longest_hold_scope}" + (f" ({cause})" if cause else "")
+            )
+        if survey.scheduler_requests is not None:
+            parts.append(f"{survey.scheduler_requests} request(s) in the scheduler")
+        return "; ".join(parts)
+
+    # -- timeline -------------------------------------------------------------
+
+    def sample_timeline(self) -> None:
+        """Write one timeline sample (see :setting:`THROTTLING_TIMELINE_FILE`)."""
+        if self.timeline is None:
+            return
+        wall = time.monotonic()
+        interval = wall - self._last_sample
+        self._last_sample = wall
+        now = self._clock()
+        managers = self._managers()
+
+        def state(scope: ScopeID) -> dict[str, Any] | None:
+            manager = managers.get(scope)
+            if manager is None:
+                return None  # evicted since
+            found = self._state(scope, now) or {}
+            found["waiting"] = primary_reason(scope_wait_reasons(manager, now))
+            return found
+
+        self.timeline.sample(wall - self._started, interval, self.traffic, state)
+
+    # -- close ------------------------------------------------------------------
+
+    def spider_closed(self) -> None:
+        for task in (self.task, self.progress_task, self.timeline_task):
+            if task is not None and task.running:
+                task.stop()
+        if self.timeline is not None:
+            self.sample_timeline()
+        if self._timeline_stream is not None:
+            self._timeline_stream.close()
+            self._timeline_stream = None
+        if self._managers():
+            survey = self.report_progress() if self.settings.progress else None
+            if survey is None:
+                self.set_gauges(self.survey(self._clock()))
+        self.set_scope_stats()
+        self.set_latency_summary()
+
+    def stats_scopes(self) -> list[ScopeID]:
+        """The scopes given per-scope stats at close: the configured ones
+        (up to 50) and the :setting:`THROTTLING_STATS_SCOPES` busiest."""
+        config = getattr(self.throttler, "config", None)
+        configured = list(config.scopes)[:CONFIGURED_STATS_SCOPES] if config else []
+        managers = self._managers()
+        chosen = [
+            scope
+            for scope in configured
+            if scope in self.traffic.responses or scope in managers
+        ]
+        for scope in self.traffic.top(self.settings.stats_scopes):
+            if scope not in chosen:
+                chosen.append(scope)
+        return chosen
+
+    def set_scope_stats(self) -> None:
+        """Final limit, latency percentiles and responses of a bounded set of
+        scopes, as ``throttling/scopes/<scope>/<name>`` stats."""
+        stats = self.crawler.stats
+        if stats is None:
+            return
+        now = self._clock()
+        for scope in self.stats_scopes():
+            prefix = f"throttling/scopes/{scope}"
+            stats.set_value(
+                f"{prefix}/response_count", self.traffic.responses.get(scope, 0)
+            )
+            histogram = self.traffic.latencies.get(scope)
+            if histogram is not None:
+                for name, value in zip(
+                    ("latency_p50", "latency_p90", "latency_p99"),
+                    histogram.percentiles(0.5, 0.9, 0.99),
+                    strict=True,
+                ):
+                    if value is not None:
+                        stats.set_value(f"{prefix}/{name}", round(value, 4))
+            state = self._state(scope, now)
+            if state is not None and state.get("limit") is not None:
+                stats.set_value(f"{prefix}/limit", state["limit"])
 
     def log_states(self) -> None:
         """Log the busiest scopes (most requests in flight, then highest limit)."""
@@ -99,9 +463,7 @@ class ThrottlingDiagnostics:
             "; ".join(format_state(state) for state in busiest),
         )
 
-    def spider_closed(self) -> None:
-        if self.task is not None and self.task.running:
-            self.task.stop()
+    def set_latency_summary(self) -> None:
         stats = self.crawler.stats
         if stats is None:
             return

@@ -23,6 +23,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from ._algorithms import LatencyLimit
+from ._decisions import limit_changed
 from ._scope_manager import ThrottlingScopeManager
 from ._settings import ThrottlingSettings
 
@@ -210,6 +211,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
             limit.on_response(now, latency, self.active)
         current = int(limit.limit)
         if current != self._current:
+            limit_changed(self, self._current, current, now)
             self._set_current(current)
         self._samples += 1
         if current <= limit.minimum:

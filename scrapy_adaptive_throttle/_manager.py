@@ -35,6 +35,7 @@ from ._algorithms import (
     parse_retry_after,
 )
 from ._containment import ScopeManagerError, report, validate_scopes
+from ._decisions import record_backoff_decision, responding
 from ._settings import ThrottlingSettings
 from ._types import (
     RESOLVED_SCOPES_META_KEY,
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from typing_extensions import Self
+
+    from ._explain import Explanation
 
 logger = logging.getLogger(__name__)
 
@@ -691,7 +694,8 @@ class ThrottlingManager:
         finally:
             _RESPONSE_REQUEST.reset(token)
         if backoff is not None:
-            self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
+            with responding(response):  # names the header of a hold in the log
+                self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
         if request is None or request.meta.get("throttling_dont_track"):
             return
         latency = request.meta.get("download_latency")
@@ -757,8 +761,15 @@ class ThrottlingManager:
                 continue  # a custom scope manager that never backs off
             record_backoff(delay=delay, now=now)
             self._count_trigger(cause, server_delay=delay is not None)
-            if self.config.debug:
-                _log_backoff(scope_id, manager, delay, cause, now)
+            record_backoff_decision(
+                self.crawler,
+                scope_id,
+                manager,
+                delay,
+                cause,
+                now,
+                debug=self.config.debug,
+            )
 
     def _count_trigger(self, cause: str, *, server_delay: bool) -> None:
         stats = self._stats
@@ -794,8 +805,15 @@ class ThrottlingManager:
         else:  # a custom scope manager that predates the cap argument
             record_backoff(delay=seconds, now=now)
         self._count_trigger("delay_scope", server_delay=False)
-        if self.config.debug:
-            _log_backoff(scope_id, manager, seconds, "delay_scope", now)
+        record_backoff_decision(
+            self.crawler,
+            scope_id,
+            manager,
+            seconds,
+            "delay_scope",
+            now,
+            debug=self.config.debug,
+        )
 
     def get_scope_delay(self, scope_id: ScopeID) -> float:
         """The base (non-backoff) delay of *scope_id*."""
@@ -951,6 +969,17 @@ class ThrottlingManager:
         if self._stats is not None:
             self._stats.inc_value(key)
 
+    def explain(self, request_or_scope: Request | ScopeID) -> Explanation:
+        """Why *request_or_scope* waits: each of its scopes, the reason that
+        holds it back (delay, concurrency, backoff, quota, Crawl-delay) and
+        for how long, its current limit and state.
+
+        Reading it changes no state. See :ref:`observability`.
+        """
+        from ._explain import explain
+
+        return explain(self, request_or_scope)
+
 
 def _fire(deferred: Deferred[bool], result: bool) -> None:
     if not deferred.called:
@@ -994,30 +1023,6 @@ def _accepts_keyword(method: Callable[..., Any], name: str) -> bool:
         parameter.kind is inspect.Parameter.VAR_KEYWORD
         for parameter in parameters.values()
     )
-
-
-def _log_backoff(
-    scope_id: ScopeID, manager: Any, hold: float | None, cause: str, now: float
-) -> None:
-    get_state = getattr(manager, "get_state", None)
-    state: dict[str, Any] = dict(get_state(now)) if get_state is not None else {}
-    if hold is not None:
-        logger.debug(
-            "Backoff hold for scope %s (%s): nothing sent for %.3fs",
-            scope_id,
-            cause,
-            state.get("backoff_wait", hold),
-        )
-    elif "delay" in state:
-        logger.debug(
-            "Backoff step for scope %s (%s): delay %.3fs (level %s)",
-            scope_id,
-            cause,
-            state["delay"],
-            state.get("backoff_level", "?"),
-        )
-    else:
-        logger.debug("Backoff step for scope %s (%s)", scope_id, cause)
 
 
 def _concurrency_blocked(manager: Any) -> bool:

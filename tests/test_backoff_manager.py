@@ -441,7 +441,8 @@ async def test_debug_log_names_the_scope_and_the_delay(caplog: Any) -> None:
     assert messages == [
         f"Backoff step for scope {SCOPE} (status/429): delay 1.000s (level 1)",
         f"Backoff step for scope {SCOPE} (status/429): delay 2.000s (level 2)",
-        f"Backoff hold for scope {SCOPE} (status/503): nothing sent for 3.000s",
+        f"Backoff hold for scope {SCOPE} (status/503): nothing sent for 3.000s "
+        "(Retry-After: 3)",
         f"Backoff recovery for scope {SCOPE}: 1 step(s), delay 1.000s (level 2)",
         f"Backoff hold for scope {SCOPE} (delay_scope): nothing sent for 9.000s",
     ]
