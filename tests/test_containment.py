@@ -236,6 +236,8 @@ async def test_each_failing_request_is_reported_once_with_its_url(simhosts, capl
 async def test_out_of_range_throttling_delay_is_ignored_with_one_warning(
     simhosts, caplog, delay
 ):
+    # Logs are read here, in the test process (asyncio reactor); the EPoll
+    # test below checks the same crawl by its stats.
     hosts = _two_hosts(simhosts)
     value = float(delay) if isinstance(delay, str) else delay
     with caplog.at_level(logging.WARNING, logger="scrapy_adaptive_throttle"):
@@ -283,3 +285,19 @@ async def test_a_manager_written_only_to_the_protocol_crawls_to_the_end(
     # Its limit of 2 per host held at the server, and was reached.
     assert hosts.stats("A")["max_concurrency"] == 2
     assert hosts.stats("B")["max_concurrency"] == 2
+
+
+@deferred_f_from_coro_f
+async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts):
+    hosts = _two_hosts(simhosts)
+    result = await crawl_follow(
+        "epoll",
+        {**GUARD, "ADDONS": ADDON, "CLOSESPIDER_TIMEOUT": 20},
+        [hosts.url("A"), hosts.url("B")],
+        depth=1,
+        fanout=3,
+        meta={"throttling_delay": 1e12},
+    )
+    assert result["finish_reason"] == "finished"
+    assert len(result["responses"]) == 8
+    assert result["stats"]["throttling/invalid_delay_count"] == 8

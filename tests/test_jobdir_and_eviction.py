@@ -36,13 +36,26 @@ async def test_idle_scopes_are_evicted_when_requests_come_from_the_queue(
     assert result["live_scopes"] < 100
 
 
-def test_jobdir_resume_honours_the_remaining_throttling_delay(simhosts, tmp_path):
+REACTOR_SETTINGS = {
+    "asyncio": {},
+    "epoll": {"TWISTED_REACTOR": "twisted.internet.epollreactor.EPollReactor"},
+}
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+def test_jobdir_resume_honours_the_remaining_throttling_delay(
+    simhosts, tmp_path, reactor
+):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
     urls = [hosts.url("A", f"/page/{i}") for i in range(4)] + [
         hosts.url("A", "/delayed")
     ]
     config = {
-        "settings": {"ADDONS": ADDON, "JOBDIR": str(tmp_path / "job")},
+        "settings": {
+            "ADDONS": ADDON,
+            "JOBDIR": str(tmp_path / "job"),
+            **REACTOR_SETTINGS[reactor],
+        },
         "urls": urls,
         "metas": [{}, {}, {}, {}, {"throttling_delay": 6.0}],
         "stop_after": 4,
@@ -58,7 +71,8 @@ def test_jobdir_resume_honours_the_remaining_throttling_delay(simhosts, tmp_path
     assert arrivals["/delayed"] >= 5.5
 
 
-def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path):
+@pytest.mark.parametrize("reactor", REACTORS)
+def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path, reactor):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
     long_scopes = [f"{'x' * 75}-{n}" for n in range(3)]
     urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
@@ -68,6 +82,7 @@ def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path):
             "JOBDIR": str(tmp_path / "job"),
             "CONCURRENT_REQUESTS": 2,
             "THROTTLING_SCOPES": {long_scopes[0]: {"concurrency": 1}},
+            **REACTOR_SETTINGS[reactor],
         },
         "urls": urls,
         "metas": [{"throttling_scopes": long_scopes}] * 20,
