@@ -23,6 +23,15 @@ ERROR_STAT = "throttling/component_error_count"
 GUARD = {"CLOSESPIDER_TIMEOUT": 60}
 
 
+async def _crawl(reactor, settings, urls, **spider_kwargs):
+    """Crawl with the add-on and a guard against hangs; it must finish."""
+    result = await crawl_follow(
+        reactor, {**GUARD, "ADDONS": ADDON, **settings}, urls, **spider_kwargs
+    )
+    assert result["finish_reason"] == "finished"
+    return result
+
+
 def _two_hosts(simhosts):
     return simhosts(
         {"name": "A", "kind": "unlimited", "service_time": 0.01},
@@ -36,11 +45,9 @@ async def test_a_scope_manager_whose_can_send_raises_fails_only_its_requests(
     simhosts, reactor
 ):
     hosts = _two_hosts(simhosts)
-    result = await crawl_follow(
+    result = await _crawl(
         reactor,
         {
-            **GUARD,
-            "ADDONS": ADDON,
             "THROTTLING_SCOPES": {
                 hosts.netloc("B"): {"manager": "tests.faulty_components.CanSendRaises"}
             },
@@ -50,7 +57,6 @@ async def test_a_scope_manager_whose_can_send_raises_fails_only_its_requests(
         fanout=3,
         child_hosts=[hosts.url("A"), hosts.url("B")],
     )
-    assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     failed = {entry["url"] for entry in result["failures"]}
     answered = {entry["url"] for entry in result["responses"]}
@@ -70,11 +76,9 @@ async def test_a_scope_manager_whose_can_send_raises_fails_only_its_requests(
 async def test_record_sent_raising_after_the_pop_leaks_no_slot(simhosts, reactor):
     # Concurrency 1: a leaked slot would block every later request of B.
     hosts = _two_hosts(simhosts)
-    result = await crawl_follow(
+    result = await _crawl(
         reactor,
         {
-            **GUARD,
-            "ADDONS": ADDON,
             "THROTTLING_SCOPES": {
                 hosts.netloc("B"): {
                     "manager": "tests.faulty_components.RecordSentRaisesEveryOther",
@@ -86,7 +90,6 @@ async def test_record_sent_raising_after_the_pop_leaks_no_slot(simhosts, reactor
         depth=3,
         fanout=2,
     )
-    assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     assert result["failures"], "no record_sent failed: the test tests nothing"
     assert result["responses"]
@@ -100,11 +103,9 @@ async def test_a_scope_manager_that_cannot_be_built_fails_only_its_requests(
     simhosts, reactor
 ):
     hosts = _two_hosts(simhosts)
-    result = await crawl_follow(
+    result = await _crawl(
         reactor,
         {
-            **GUARD,
-            "ADDONS": ADDON,
             "THROTTLING_SCOPES": {
                 hosts.netloc("B"): {"manager": "tests.faulty_components.InitRaises"}
             },
@@ -114,7 +115,6 @@ async def test_a_scope_manager_that_cannot_be_built_fails_only_its_requests(
         fanout=4,
         child_hosts=[hosts.url("A"), hosts.url("B")],
     )
-    assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     assert hosts.stats("B")["requests"] == 0
     assert {hosts.netloc("B") in e["url"] for e in result["failures"]} == {True}
@@ -125,11 +125,9 @@ async def test_a_scope_manager_that_cannot_be_built_fails_only_its_requests(
 @deferred_f_from_coro_f
 async def test_a_failing_record_done_still_delivers_the_page(simhosts, reactor):
     hosts = _two_hosts(simhosts)
-    result = await crawl_follow(
+    result = await _crawl(
         reactor,
         {
-            **GUARD,
-            "ADDONS": ADDON,
             "THROTTLING_SCOPES": {
                 hosts.netloc("A"): {
                     "manager": "tests.faulty_components.RecordDoneRaises"
@@ -140,7 +138,6 @@ async def test_a_failing_record_done_still_delivers_the_page(simhosts, reactor):
         depth=2,
         fanout=2,
     )
-    assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     assert result["failures"] == []
     assert len(result["responses"]) == 7
@@ -151,11 +148,9 @@ async def test_a_failing_record_done_still_delivers_the_page(simhosts, reactor):
 @deferred_f_from_coro_f
 async def test_a_failing_backoff_hook_still_delivers_the_page(simhosts, reactor):
     hosts = _two_hosts(simhosts)
-    result = await crawl_follow(
+    result = await _crawl(
         reactor,
         {
-            **GUARD,
-            "ADDONS": ADDON,
             "THROTTLING_MANAGER": "tests.faulty_components.ResponseBackoffRaises",
         },
         [hosts.url("A")],
@@ -174,11 +169,9 @@ async def test_invalid_scopes_meta_sends_with_the_host_scope(simhosts, reactor):
     # Bad throttling_scopes on every request, start requests and followed
     # links alike: each is reported and sent throttled as its host.
     hosts = _two_hosts(simhosts)
-    result = await crawl_follow(
+    result = await _crawl(
         reactor,
         {
-            **GUARD,
-            "ADDONS": ADDON,
             "THROTTLING_SCOPES": {hosts.netloc("A"): {"concurrency": 1}},
         },
         [hosts.url("A"), hosts.url("A"), hosts.url("A")],
@@ -186,7 +179,6 @@ async def test_invalid_scopes_meta_sends_with_the_host_scope(simhosts, reactor):
         fanout=3,
         meta={"throttling_scopes": 5},
     )
-    assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     assert result["failures"] == []
     assert len(result["responses"]) == 12
@@ -199,11 +191,9 @@ async def test_invalid_scopes_meta_sends_with_the_host_scope(simhosts, reactor):
 async def test_each_failing_request_is_reported_once_with_its_url(simhosts, caplog):
     hosts = _two_hosts(simhosts)
     with caplog.at_level(logging.ERROR, logger="scrapy_adaptive_throttle"):
-        result = await crawl_follow(
+        result = await _crawl(
             "asyncio",
             {
-                **GUARD,
-                "ADDONS": ADDON,
                 "THROTTLING_MANAGER": (
                     "tests.faulty_components.ScopesRaiseForMarkedURLs"
                 ),
@@ -216,7 +206,6 @@ async def test_each_failing_request_is_reported_once_with_its_url(simhosts, capl
             child_query="boom=1",
             meta={"throttling_scopes": [1, 2]},
         )
-    assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     errors = [
         record.getMessage()
@@ -265,11 +254,9 @@ async def test_a_manager_written_only_to_the_protocol_crawls_to_the_end(
     simhosts, reactor
 ):
     hosts = _two_hosts(simhosts)
-    result = await crawl_follow(
+    result = await _crawl(
         reactor,
         {
-            **GUARD,
-            "ADDONS": ADDON,
             "THROTTLING_MANAGER": "tests.protocol_manager.ProtocolOnlyManager",
             "CONCURRENT_REQUESTS": 16,
         },
@@ -279,7 +266,6 @@ async def test_a_manager_written_only_to_the_protocol_crawls_to_the_end(
         child_hosts=[hosts.url("A"), hosts.url("B")],
         child_query="delay=0.05",
     )
-    assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     assert len(result["responses"]) == 2 * 21
     # Its limit of 2 per host held at the server, and was reached.
