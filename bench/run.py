@@ -39,7 +39,13 @@ Choices worth knowing:
 Output: one table per scenario on stdout (progress on stderr),
 ``<out>/results-<scenario>.json`` (every run, with timelines and the servers'
 records) and ``<out>/<scenario>.png`` (per host: concurrency limit and pages/s
-over host-time, one line per configuration).
+over host-time, one line per configuration). Rows are named by what they are
+("AutoThrottle (Scrapy default)", "this plugin (add-on defaults)"); a verdict
+line per scenario sets this plugin against the fastest other configuration of
+the same run that drew no more 503/429s. This plugin's own crawls also write
+their ``THROTTLING_TIMELINE_FILE`` (``<out>/timeline-<scenario>-<config>.jsonl``),
+drawn by ``python -m scrapy_adaptive_throttle.plot`` as ``.png`` beside it,
+as a user would chart their own crawl.
 """
 
 from __future__ import annotations
@@ -145,8 +151,46 @@ CONFIGS: dict[str, ConfigSpec] = {
 }
 
 
+#: What each configuration is, as the tables name it: a reader of the demo
+#: should not have to know the configuration names.
+CONFIG_LABELS: dict[str, str] = {
+    "probe": "capacity (raw client)",
+    "plain-scrapy": "plain Scrapy (no plugin)",
+    "autothrottle": "AutoThrottle (Scrapy default)",
+    "plain-scope-manager": "plugin, fixed scope limit",
+    "addon-default": "this plugin (add-on defaults)",
+    "rampup": "this plugin, rampup",
+}
+
+#: The configurations that are this plugin's answer in a scenario, in order of
+#: preference: the verdict line compares the first one present with the best
+#: other configuration of the same run.
+OURS = ("addon-default", "latency-1.5", "rampup")
+
+
+def config_label(name: str) -> str:
+    """A configuration's name as a reader says it (``fixed-2``: "fixed limit 2")."""
+    if name in CONFIG_LABELS:
+        return CONFIG_LABELS[name]
+    kind, _, value = name.rpartition("-")
+    if kind == "fixed":
+        return f"fixed limit {value} (plugin)"
+    if kind == "autothrottle":
+        return f"AutoThrottle target {value}"
+    if kind == "latency":
+        return f"this plugin, tolerance {value}"
+    return name
+
+
 #: Scrapy settings given with ``--set NAME=VALUE``, applied over every crawl's.
 EXTRA_SETTINGS: Settings = {}
+
+#: Where this plugin's own configurations (:data:`OURS`) write their
+#: THROTTLING_TIMELINE_FILE, to be drawn by ``scrapy_adaptive_throttle.plot``
+#: as a user would draw their own crawl (None: no timeline).
+TIMELINE_DIR: Path | None = None
+#: Seconds between timeline samples: the benchmark crawls last seconds.
+TIMELINE_INTERVAL = 0.25
 
 
 def uses_plugin(settings: Settings) -> bool:
@@ -451,6 +495,12 @@ def run_crawl_config(
         settings.update(scenario.settings)
         settings.update(EXTRA_SETTINGS)
         plugin = uses_plugin(settings)
+        timeline: Path | None = None
+        if plugin and TIMELINE_DIR is not None and config_name in OURS:
+            timeline = TIMELINE_DIR / f"timeline-{scenario.name}-{config_name}.jsonl"
+            timeline.unlink(missing_ok=True)
+            settings.setdefault("THROTTLING_TIMELINE_FILE", str(timeline))
+            settings.setdefault("THROTTLING_TIMELINE_INTERVAL", TIMELINE_INTERVAL)
         crawl_config = {
             "hosts": [
                 {
@@ -497,6 +547,8 @@ def run_crawl_config(
             )
             return record
         record.update(status="ok", crawl=crawl)
+        if timeline is not None and timeline.exists():
+            record["timeline_file"] = str(timeline)
         record["server"] = {name: hosts.stats(name) for name in netlocs}
         record["server_cpu_seconds"] = hosts.cpu_seconds()
     return record
@@ -583,7 +635,7 @@ def _fmt(value: Any, spec: str = ".0f", missing: str = "-") -> str:
 
 
 #: Column widths of the table; the first two columns are left-aligned.
-COLUMN_WIDTHS = (23, 4, 10, 8, 8, 5, 5, 7, 7, 7, 6, 5, 6)
+COLUMN_WIDTHS = (30, 4, 10, 8, 8, 5, 5, 7, 7, 7, 6, 5, 6)
 
 
 def _median(values: list[float]) -> float | None:
@@ -629,11 +681,11 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
     lines += [header, "-" * len(header)]
     extras: list[str] = []
     for run in result["runs"]:
-        label = run["config"] + (
+        label = config_label(run["config"]) + (
             f" #{run['repeat'] + 1}" if result["repeat"] > 1 else ""
         )
         if run["status"] != "ok":
-            lines.append(f"{label:<23} FAILED: {run.get('error', '?')}")
+            lines.append(f"{label:<30} FAILED: {run.get('error', '?')}")
             continue
         if run["config"] == "probe":
             for name, host in run["probe"]["hosts"].items():
@@ -736,6 +788,9 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
         lines += ["", *extras]
     if result["repeat"] > 1:
         lines += ["", *format_medians(result)]
+    verdict = format_verdict(result)
+    if verdict:
+        lines += ["", verdict]
     lines.append(
         (
             "ratio: pages/s over the capacity (probed, else nominal)"
@@ -750,6 +805,79 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
     if scenario.note:
         lines.append(scenario.note)
     return "\n".join(lines)
+
+
+def _totals(run: dict[str, Any]) -> tuple[float, int, int]:
+    """A crawl's pages/s over all its hosts (pages over the longest host's
+    time), and its 503 and 429 counts."""
+    metrics = run["metrics"].values()
+    pages = sum(m["pages"] for m in metrics)
+    elapsed = max(
+        (run["crawl"]["hosts"][name]["elapsed"] for name in run["metrics"]),
+        default=0.0,
+    )
+    return (
+        pages / elapsed if elapsed > 0 else 0.0,
+        sum(m["count_503"] for m in metrics),
+        sum(m["count_429"] for m in metrics),
+    )
+
+
+def format_verdict(result: dict[str, Any]) -> str:
+    """One line: this plugin against the fastest other configuration of the run.
+
+    "Fastest" counts only configurations that drew no more 503/429 answers
+    than ours, when any did: a faster crawl that the host had to refuse is not
+    a better one. With repeats, each configuration's median pages/s counts.
+    """
+    per_config: dict[str, list[tuple[float, int, int]]] = {}
+    for run in result["runs"]:
+        if run["status"] == "ok" and run["config"] != "probe":
+            per_config.setdefault(run["config"], []).append(_totals(run))
+    ours = next((name for name in OURS if name in per_config), None)
+    if ours is None:
+        return ""
+
+    def summary(name: str) -> tuple[float, int, int]:
+        rows = per_config[name]
+        return (
+            statistics.median(row[0] for row in rows),
+            round(statistics.median(row[1] for row in rows)),
+            round(statistics.median(row[2] for row in rows)),
+        )
+
+    rate, count_503, count_429 = summary(ours)
+    refused = count_503 + count_429
+    others = {name: summary(name) for name in per_config if name != ours}
+    polite = {n: s for n, s in others.items() if s[1] + s[2] <= refused}
+    pool = polite or others
+    ratios: dict[str, list[float]] = {}
+    for run in result["runs"]:
+        if run["status"] == "ok" and run["config"] == ours:
+            for host, m in run["metrics"].items():
+                if m["ratio"] is not None:
+                    ratios.setdefault(host, []).append(m["ratio"])
+    of = "capacity" if result.get("ratio_to", "capacity") == "capacity" else "ref."
+    per_host = ", ".join(
+        f"{host} {statistics.median(values):.2f}" for host, values in ratios.items()
+    )
+    text = (
+        f"verdict: {config_label(ours)} {rate:.1f} pages/s"
+        + (f" ({per_host} of {of})" if per_host else "")
+        + f", {count_503} 503s, {count_429} 429s"
+    )
+    if not pool:
+        return text
+    best = max(pool, key=lambda name: pool[name][0])
+    best_rate, best_503, best_429 = pool[best]
+    ratio = rate / best_rate if best_rate else float("nan")
+    return (
+        f"{text}; best alternative in this run: {config_label(best)} "
+        f"{best_rate:.1f} pages/s, {best_503} 503s, {best_429} 429s "
+        f"(ours = {ratio:.2f} x"
+        + ("" if polite else "; every alternative drew more refusals")
+        + ")"
+    )
 
 
 def format_medians(result: dict[str, Any]) -> list[str]:
@@ -768,7 +896,8 @@ def format_medians(result: dict[str, Any]) -> list[str]:
         config, name = key
         ratio = ratios.get(key, [])
         lines.append(
-            f"  {config:<21} {name:<4} {statistics.median(values):8.1f} pages/s "
+            f"  {config_label(config):<30} {name:<4} "
+            f"{statistics.median(values):8.1f} pages/s "
             f"({min(values):.1f}-{max(values):.1f})"
             + (
                 f"  ratio {statistics.median(ratio):.3f} "
@@ -859,6 +988,42 @@ def plot(scenario: Scenario, result: dict[str, Any], path: Path) -> None:
 # --------------------------------------------------------------------------
 
 
+def draw_charts(
+    scenario: Scenario,
+    result: dict[str, Any],
+    out: Path,
+    log: Callable[[str], None],
+) -> list[Path]:
+    """The scenario's comparison chart, and each timeline our crawls wrote
+    drawn by ``python -m scrapy_adaptive_throttle.plot``'s own code."""
+    from scrapy_adaptive_throttle.plot import plot_timeline, read_timeline
+
+    charts: list[Path] = []
+    try:
+        plot(scenario, result, out / f"{scenario.name}.png")
+    except Exception as exc:
+        log(f"[{scenario.name}] plot failed: {exc!r}")
+    else:
+        charts.append(out / f"{scenario.name}.png")
+    for run in result["runs"]:
+        path = run.get("timeline_file")
+        if not path or run["repeat"] != 0:
+            continue
+        chart = Path(path).with_suffix(".png")
+        try:
+            plot_timeline(
+                read_timeline(path),
+                chart,
+                title=f"{scenario.name}: {config_label(run['config'])} "
+                "(its THROTTLING_TIMELINE_FILE)",
+            )
+        except Exception as exc:
+            log(f"[{scenario.name}] timeline chart failed: {exc!r}")
+        else:
+            charts.append(chart)
+    return charts
+
+
 def run_scenario(
     scenario: Scenario,
     *,
@@ -926,6 +1091,7 @@ def run_scenario(
     return {
         "scenario": scenario.name,
         "description": scenario.description,
+        "ratio_to": scenario.ratio_to,
         "quick": quick,
         "repeat": repeat,
         "capacity": capacity,
@@ -997,6 +1163,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeat must be >= 1")
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     args.out.mkdir(parents=True, exist_ok=True)
+    global TIMELINE_DIR
+    TIMELINE_DIR = None if args.no_plot else args.out
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -1020,10 +1188,10 @@ def main(argv: list[str] | None = None) -> int:
         print(flush=True)
         (args.out / f"results-{name}.json").write_text(json.dumps(result))
         if not args.no_plot:
-            try:
-                plot(scenario, result, args.out / f"{name}.png")
-            except Exception as exc:
-                log(f"[{name}] plot failed: {exc!r}")
+            charts = draw_charts(scenario, result, args.out, log)
+            if charts:
+                print(f"charts of {name}: " + ", ".join(map(str, charts)), flush=True)
+                print(flush=True)
     log(f"done in {time.time() - started:.0f} s; results in {args.out}")
     return 0
 
