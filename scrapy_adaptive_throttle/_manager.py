@@ -11,7 +11,6 @@ import inspect
 import logging
 import math
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -20,7 +19,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest, ScrapyDeprecationWarning
+from scrapy.exceptions import IgnoreRequest
 from scrapy.resolver import dnscache
 from scrapy.utils.asyncio import call_later, sleep
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -140,31 +139,35 @@ class ThrottlingManager:
     def get_request_scopes(self, request: Request) -> RequestScopes:
         """Return the scopes of *request*, synchronously.
 
-        ``throttling_scopes`` meta if set; else a ``download_slot`` set by the
-        user (deprecated); else the URL's ``host[:port]``, plus the IP of the
-        host as a second scope when :setting:`CONCURRENT_REQUESTS_PER_IP` is
-        positive and the DNS cache knows it.
+        ``throttling_scopes`` meta if set; else the URL's ``host[:port]``,
+        plus the IP of the host as a second scope when
+        :setting:`CONCURRENT_REQUESTS_PER_IP` is positive and the DNS cache
+        knows it, plus the request's ``download_slot`` when another component
+        set one (scrapy-zyte-api's ``zyte-api@<host>``, a proxy rotation
+        plugin's slot per proxy): an added scope, never a replacement, so
+        the host's limits still apply (see :ref:`other-plugins`).
         """
         meta = request.meta
         scopes = meta.get("throttling_scopes")
         if scopes is not None:
             return scopes  # type: ignore[no-any-return]
-        slot = meta.get("download_slot")
-        if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
-            warnings.warn(
-                "The 'download_slot' request meta key is deprecated with "
-                "scrapy-adaptive-throttle. Use 'throttling_scopes' instead.",
-                ScrapyDeprecationWarning,
-                stacklevel=2,
-            )
-            return str(slot)
         parsed = urlparse_cached(request)
         netloc = parsed.netloc.rpartition("@")[2].lower()
+        host_scopes: RequestScopes = netloc
         if self.config.ip_concurrency > 0:
             ip = dnscache.get(parsed.hostname or "")
             if isinstance(ip, str) and ip not in (netloc, parsed.hostname):
-                return [netloc, ip]
-        return netloc
+                host_scopes = [netloc, ip]
+        slot = meta.get("download_slot")
+        if slot is None or slot == meta.get(SLOT_STAMP_META_KEY):
+            return host_scopes
+        slot = str(slot)
+        if slot == netloc:
+            return host_scopes
+        self.config.add_slot_scope(slot)
+        if isinstance(host_scopes, list):
+            return [*host_scopes, slot]
+        return [host_scopes, slot]
 
     @scope_cache
     async def get_scopes(self, request: Request) -> RequestScopes:
@@ -229,6 +232,12 @@ class ThrottlingManager:
     def _create_scope_manager(self, scope_id: ScopeID) -> Any:
         scope_config = self.config.scope(scope_id)
         cls = scope_config.manager or self.config.scope_manager_cls
+        if scope_config.kind == "slot" and scope_config.manager is None:
+            # Another plugin's slot with no entry of its own: it limits
+            # nothing (the host scope does), so there is nothing to adapt.
+            from ._scope_manager import ThrottlingScopeManager
+
+            cls = ThrottlingScopeManager
         config = dict(scope_config.raw)
         config["id"] = scope_id
         try:

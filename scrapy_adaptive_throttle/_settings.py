@@ -87,10 +87,12 @@ def classify_scope(scope_id: str) -> str:
     """Return ``"ip"``, ``"domain"`` or ``"other"`` for a scope id.
 
     ``127.0.0.1:8080`` and ``[::1]:80`` are IP scopes, ``example.com`` and
-    ``example.com:8080`` domain scopes; anything else (``localhost``, ``api``,
+    ``example.com:8080`` domain scopes; a scope that names a host after an
+    ``@`` (scrapy-zyte-api's download slots, ``zyte-api@example.com``) has
+    that host's kind; anything else (``localhost``, ``api``,
     ``api.example.com/fast``) is another kind of scope.
     """
-    host = scope_id
+    host = scope_id.rpartition("@")[2]
     if host.startswith("["):
         end = host.find("]")
         if end > 0:
@@ -386,6 +388,9 @@ class ThrottlingSettings:
     defaults: Mapping[str, ScopeSettings]
     scopes: Mapping[str, ScopeSettings]
     common: _Common
+    #: Ids of the ``"other"`` scopes that came from a ``download_slot`` set by
+    #: another component (see :meth:`add_slot_scope`).
+    slot_scopes: set[str] = field(default_factory=set)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThrottlingSettings:
@@ -466,7 +471,8 @@ class ThrottlingSettings:
             initial=initial,
         )
         defaults = {
-            kind: common.resolve(kind, None, {}) for kind in ("domain", "ip", "other")
+            kind: common.resolve(kind, None, {})
+            for kind in ("domain", "ip", "other", "slot")
         }
         raw_scopes = read.raw("THROTTLING_SCOPES")
         if isinstance(raw_scopes, BaseSettings):
@@ -536,7 +542,16 @@ class ThrottlingSettings:
         configured = self.scopes.get(scope_id)
         if configured is not None:
             return configured
-        return self.defaults[classify_scope(scope_id)]
+        kind = classify_scope(scope_id)
+        if kind == "other" and scope_id in self.slot_scopes:
+            kind = "slot"
+        return self.defaults[kind]
+
+    def add_slot_scope(self, scope_id: str) -> None:
+        """Record *scope_id* as the scope of a ``download_slot`` set by
+        another component: unless configured in :setting:`THROTTLING_SCOPES`
+        or named after a host, such a scope has no limit of its own."""
+        self.slot_scopes.add(scope_id)
 
     def resolve_scope(self, scope_id: str, config: Mapping[str, Any]) -> ScopeSettings:
         """Return the settings for a scope manager built with *config*.
@@ -550,7 +565,7 @@ class ThrottlingSettings:
             known.raw.get(key) == value for key, value in config.items() if key != "id"
         ):
             return known
-        return self.common.resolve(classify_scope(scope_id), scope_id, config)
+        return self.common.resolve(known.kind, scope_id, config)
 
 
 def _default_jitter(read: _Reader) -> JitterRange:
@@ -585,6 +600,11 @@ class _Common:
     initial: int
 
     def default_concurrency(self, kind: str) -> int:
+        # "slot": a download slot that another plugin set and that names no
+        # host (a proxy, an account). The request's host scope still applies,
+        # so this one limits nothing unless configured.
+        if kind == "slot":
+            return 0
         if kind == "ip":
             return self.ip or self.domain
         if kind == "domain":
@@ -648,7 +668,7 @@ class _Common:
             concurrency=concurrency or None,
             explicit_concurrency=explicit_concurrency,
             min_concurrency=min_concurrency,
-            delay=number("delay", self.delay),
+            delay=number("delay", 0.0 if kind == "slot" else self.delay),
             explicit_delay=config.get("delay") is not None,
             jitter=jitter,
             quota=quota,

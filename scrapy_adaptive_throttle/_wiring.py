@@ -48,6 +48,8 @@ request_released = object()
 #: Meta key removed before every download so that a ``download_latency``
 #: copied from another request (retries, redirects) is never read as ours.
 _LATENCY_META_KEY = "download_latency"
+#: Same as ``_manager.SLOT_STAMP_META_KEY`` (not imported: _manager is heavy).
+_SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
 
 
 def get_throttler(crawler: Crawler) -> Any:
@@ -154,10 +156,18 @@ class ThrottlingDownloader(Downloader):
         return key, slot
 
     def get_slot_key(self, request: Request) -> str:
+        meta = request.meta
+        slot = meta.get(self.DOWNLOAD_SLOT)
+        if slot is not None and slot != meta.get(_SLOT_STAMP_META_KEY):
+            # Another component's slot (scrapy-zyte-api, a proxy rotation
+            # plugin) stays what it is, as with Scrapy's own downloader:
+            # those plugins read it back and would otherwise prefix it again
+            # on every retry. The throttler adds it as a scope.
+            return str(slot)
         key: str = self.throttler.get_slot_key(request)
         # Remember what we stamp into download_slot, so that a retried or
-        # redirected copy is not taken for a user-set slot.
-        request.meta["_throttling_slot_stamp"] = key
+        # redirected copy is not taken for a slot set by another component.
+        meta[_SLOT_STAMP_META_KEY] = key
         return key
 
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Any]:
