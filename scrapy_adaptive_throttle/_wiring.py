@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.settings import BaseSettings
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -119,6 +122,46 @@ def _log_configuration(config: ThrottlingSettings, throttler: Any) -> None:
     )
 
 
+#: Jitter settings that Scrapy's ``Downloader.__init__`` reads as a number
+#: (``getfloat``) or a bool (``getbool``), with the value it is shown while it
+#: runs when the setting holds a ``[low, high]`` pair.
+_SCALAR_JITTER_STANDINS = {"DOWNLOAD_DELAY_JITTER": 0.5, "RANDOMIZE_DOWNLOAD_DELAY": True}
+
+
+@contextmanager
+def _scalar_jitter_settings(settings: BaseSettings) -> Iterator[None]:
+    """Show Scrapy's ``Downloader.__init__`` a number where a jitter
+    setting holds a ``[low, high]`` pair, then put the pair back.
+
+    The reference chapter documents ``RANDOMIZE_DOWNLOAD_DELAY = [-0.1, 0.3]``
+    (and this plugin ``DOWNLOAD_DELAY_JITTER = [0, 0.5]`` too), but Scrapy's
+    downloader reads them with ``getfloat`` / ``getbool`` and raises
+    ``TypeError`` on a list. Its jitter is unused here (the scope managers
+    apply the pair, see :mod:`._settings`), so it may see any number; the
+    user's value is back, at its priority, before anything else reads it.
+    """
+    pairs = []
+    for name in _SCALAR_JITTER_STANDINS:
+        attribute = settings.attributes.get(name)
+        if attribute is not None and isinstance(attribute.value, (list, tuple)):
+            pairs.append((name, attribute.value, attribute.priority))
+    if not pairs:
+        yield
+        return
+    frozen = settings.frozen
+    settings.frozen = False
+    try:
+        for name, _, priority in pairs:
+            settings.set(name, _SCALAR_JITTER_STANDINS[name], priority)
+        settings.frozen = frozen
+        yield
+    finally:
+        settings.frozen = False
+        for name, value, priority in pairs:
+            settings.set(name, value, priority)
+        settings.frozen = frozen
+
+
 class ThrottlingDownloader(Downloader):
     """Scrapy's downloader without its own throttling, releasing every reservation.
 
@@ -128,7 +171,8 @@ class ThrottlingDownloader(Downloader):
     """
 
     def __init__(self, crawler: Crawler) -> None:
-        super().__init__(crawler)
+        with _scalar_jitter_settings(crawler.settings):
+            super().__init__(crawler)
         self.throttler = get_throttler(crawler)
         # A manager written only to the protocol has no release listeners:
         # the scheduler queue learns of freed slots from this signal instead.
