@@ -453,6 +453,9 @@ class ThrottlingSettings:
             minimum=1,
         )
         window = to_float(read.raw("THROTTLING_WINDOW"), "THROTTLING_WINDOW")
+        scope_manager_cls = to_class(
+            read.raw("THROTTLING_SCOPE_MANAGER"), "THROTTLING_SCOPE_MANAGER"
+        )
         common = _Common(
             domain=domain,
             ip=ip,
@@ -469,6 +472,7 @@ class ThrottlingSettings:
             tolerance=tolerance,
             latency_window=latency_window,
             initial=initial,
+            scope_manager_cls=scope_manager_cls,
         )
         defaults = {
             kind: common.resolve(kind, None, {})
@@ -502,9 +506,7 @@ class ThrottlingSettings:
         user_agent = read.raw("ROBOTSTXT_USER_AGENT") or read.raw("USER_AGENT") or ""
         return cls(
             manager_cls=to_class(read.raw("THROTTLING_MANAGER"), "THROTTLING_MANAGER"),
-            scope_manager_cls=to_class(
-                read.raw("THROTTLING_SCOPE_MANAGER"), "THROTTLING_SCOPE_MANAGER"
-            ),
+            scope_manager_cls=scope_manager_cls,
             window=window,
             scope_concurrency=scope_concurrency,
             scope_limit=to_int(
@@ -568,6 +570,19 @@ class ThrottlingSettings:
         return self.common.resolve(known.kind, scope_id, config)
 
 
+#: The scope managers of this package, which read no key beyond SCOPE_KEYS.
+_BUILTIN_SCOPE_MANAGERS = frozenset(
+    {
+        "scrapy_adaptive_throttle._scope_manager.ThrottlingScopeManager",
+        "scrapy_adaptive_throttle._latency_scope_manager.LatencyScopeManager",
+    }
+)
+
+
+def _is_builtin_scope_manager(cls: type) -> bool:
+    return f"{cls.__module__}.{cls.__qualname__}" in _BUILTIN_SCOPE_MANAGERS
+
+
 def _default_jitter(read: _Reader) -> JitterRange:
     # RANDOMIZE_DOWNLOAD_DELAY wins only when the user set it: its default
     # (True) means the same ±50% as DOWNLOAD_DELAY_JITTER's default (0.5).
@@ -598,6 +613,7 @@ class _Common:
     tolerance: float
     latency_window: float
     initial: int
+    scope_manager_cls: type
 
     def default_concurrency(self, kind: str) -> int:
         # "slot": a download slot that another plugin set and that names no
@@ -615,13 +631,20 @@ class _Common:
         self, kind: str, scope: str | None, config: Mapping[str, Any]
     ) -> ScopeSettings:
         setting = "THROTTLING_SCOPES"
+        manager: type | None = None
+        if config.get("manager") is not None:
+            manager = to_class(config["manager"], setting, scope=scope, key="manager")
         unknown = set(config) - SCOPE_KEYS - {"id"}
-        if unknown:
+        # A custom scope manager gets its entry whole, its own keys included,
+        # and validates them itself; the built-in ones know every key they
+        # read, so anything else is a typo.
+        if unknown and _is_builtin_scope_manager(manager or self.scope_manager_cls):
             name = sorted(unknown)[0]
             raise ValueError(
                 f"Unknown key {name!r} in THROTTLING_SCOPES[{scope!r}] "
                 f"(value {config[name]!r}); accepted keys: "
-                f"{', '.join(sorted(SCOPE_KEYS))}"
+                f"{', '.join(sorted(SCOPE_KEYS))} (a custom scope manager, set "
+                "with 'manager' or THROTTLING_SCOPE_MANAGER, may accept others)"
             )
 
         def number(key: str, default: float, **kwargs: Any) -> float:
@@ -637,6 +660,11 @@ class _Common:
         explicit_concurrency = config.get("concurrency") is not None
         concurrency = integer("concurrency", self.default_concurrency(kind))
         min_concurrency = integer("min_concurrency", 1, minimum=1)
+        if not explicit_concurrency and concurrency:
+            # A floor above the default for the scope's kind (e.g. with
+            # rampup, which starts at the floor) raises the scope's limit to
+            # it: only a floor above an explicit concurrency contradicts it.
+            concurrency = max(concurrency, min_concurrency)
         if concurrency and min_concurrency > concurrency:
             raise ValueError(
                 f"Invalid THROTTLING_SCOPES[{scope!r}]['min_concurrency'] value "
@@ -651,9 +679,6 @@ class _Common:
             quota = number("quota", 0.0, exclusive_minimum=True)
         rampup = self._rampup(scope, config.get("rampup"))
         backoff, codes, exceptions = self._backoff(scope, config.get("backoff"))
-        manager: type | None = None
-        if config.get("manager") is not None:
-            manager = to_class(config["manager"], setting, scope=scope, key="manager")
         ignore = False
         if config.get("ignore_robots_txt") is not None:
             ignore = to_bool(

@@ -8,7 +8,7 @@ service) installed.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -54,3 +54,32 @@ class ProxySlotMiddleware:
     def process_request(self, request: Request) -> None:
         if request.meta.get("download_slot") not in self.proxies:
             request.meta["download_slot"] = next(self._next)
+
+
+class SlotsScopeManager:
+    """A scope manager written to the protocol that reads a key of its own
+    from its :setting:`THROTTLING_SCOPES` entry: ``"slots"``, the number of
+    requests of the scope in flight at once (validated here, as the
+    built-in keys are by the plugin)."""
+
+    def __init__(self, crawler: Crawler, config: dict[str, Any]) -> None:
+        slots = config.get("slots")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise ValueError(
+                f"Invalid THROTTLING_SCOPES[{config['id']!r}]['slots'] value "
+                f"{slots!r}: expected an integer >= 1"
+            )
+        self.slots = slots
+        self.active = 0
+
+    def can_send(self, now: float | None = None, amount: float | None = None) -> float:
+        return 0.0
+
+    def concurrency_blocked(self) -> bool:
+        return self.active >= self.slots
+
+    def record_sent(self, now: float | None = None, amount: float | None = None) -> None:
+        self.active += 1
+
+    def record_done(self, now: float | None = None) -> None:
+        self.active -= 1

@@ -12,8 +12,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from scrapy_adaptive_throttle._settings import ThrottlingSettings
 from tests.engine_crawls import ADDON, REACTORS, crawl_follow
 
 ON_BOTH_REACTORS = pytest.mark.parametrize("reactor", REACTORS)
@@ -63,3 +65,75 @@ async def test_a_low_high_jitter_spaces_requests_within_its_range(
     assert max(spacing) <= DELAY * (1 + high) + LATE
     # The delay really is randomised, not fixed at one end of the range.
     assert max(spacing) - min(spacing) > 0.01
+
+
+# -- validation: as strict as the reference, and no stricter ---------------------
+
+SLOTS_MANAGER = "tests.plugin_components.SlotsScopeManager"
+
+
+def read(**settings):
+    return ThrottlingSettings.from_settings(Settings(settings))
+
+
+def test_a_floor_above_the_kinds_default_raises_the_limit_to_it():
+    # The reference accepts it: rampup starts at the floor and raises the
+    # concurrency above it. Only a floor above an explicit limit is an error.
+    config = read(
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        THROTTLING_SCOPES={"api.example.com": {"rampup": True, "min_concurrency": 2}},
+    )
+    scope = config.scope("api.example.com")
+    assert (scope.min_concurrency, scope.concurrency) == (2, 2)
+    assert scope.rampup is not None
+    with pytest.raises(ValueError, match=r"\['min_concurrency'\] value 3"):
+        read(THROTTLING_SCOPES={"api": {"concurrency": 2, "min_concurrency": 3}})
+
+
+def test_a_typo_in_a_built_in_managers_entry_lists_the_accepted_keys():
+    for manager in (
+        "scrapy_adaptive_throttle.ThrottlingScopeManager",
+        "scrapy_adaptive_throttle.LatencyScopeManager",
+    ):
+        with pytest.raises(ValueError, match="Unknown key 'concurency'") as error:
+            read(
+                THROTTLING_SCOPE_MANAGER=manager,
+                THROTTLING_SCOPES={"example.com": {"concurency": 4}},
+            )
+        assert "accepted keys: backoff, concurrency, delay" in str(error.value)
+
+
+def test_a_custom_scope_manager_gets_its_own_keys():
+    entry = {"manager": SLOTS_MANAGER, "slots": 3, "delay": 0.5}
+    config = read(THROTTLING_SCOPES={"api": entry})
+    assert config.scope("api").raw == entry
+    # The same with the custom class as everyone's scope manager.
+    config = read(
+        THROTTLING_SCOPE_MANAGER=SLOTS_MANAGER, THROTTLING_SCOPES={"api": {"slots": 3}}
+    )
+    assert config.scope("api").raw == {"slots": 3}
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_a_custom_scope_managers_own_key_limits_the_crawl(simhosts, reactor):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "DOWNLOAD_DELAY": 0,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+            "THROTTLING_SCOPES": {
+                hosts.netloc("A"): {"manager": SLOTS_MANAGER, "slots": 3}
+            },
+            "CLOSESPIDER_TIMEOUT": 60,
+        },
+        [hosts.url("A")],
+        depth=2,
+        fanout=6,
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) == 1 + 6 + 36
+    assert hosts.stats("A")["max_concurrency"] == 3
