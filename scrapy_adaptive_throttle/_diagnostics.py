@@ -37,7 +37,7 @@ from scrapy.utils.asyncio import create_looping_call
 from ._explain import REASONS, Explanation, primary_reason, scope_wait_reasons
 from ._settings import ThrottlingSettings, to_bool, to_float, to_int
 from ._timeline import ScopeTraffic, TimelineWriter
-from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, iter_scopes
+from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, dont_track, iter_scopes
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -211,7 +211,7 @@ class ThrottlingDiagnostics:
     def response_downloaded(self, response: Response, request: Request) -> None:
         """Count the response and its latency for each scope of its request."""
         meta = request.meta
-        if meta.get("throttling_dont_track"):
+        if dont_track(meta):
             return
         scopes = meta.get(RESOLVED_SCOPES_META_KEY)
         if scopes is None:

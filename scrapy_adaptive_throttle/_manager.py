@@ -42,6 +42,7 @@ from ._types import (
     BackoffScopeData,
     RequestScopes,
     ScopeID,
+    dont_track,
     iter_scope_values,
     iter_scopes,
     scope_cache,
@@ -642,7 +643,7 @@ class ThrottlingManager:
         request = response.request
         if request is None:
             request = _RESPONSE_REQUEST.get()
-        if request is None or request.meta.get("throttling_dont_track"):
+        if request is None or dont_track(request.meta):
             return None
         status = response.status
         headers = response.headers
@@ -681,7 +682,7 @@ class ThrottlingManager:
         of *request* whose backoff exceptions (:setting:`BACKOFF_EXCEPTIONS`
         or their ``"backoff"`` ``"exceptions"``) include its type, as bare
         scopes; ``None`` for :reqmeta:`throttling_dont_track` requests."""
-        if request.meta.get("throttling_dont_track"):
+        if dont_track(request.meta):
             return None
         scopes = [
             scope
@@ -705,7 +706,7 @@ class ThrottlingManager:
         if backoff is not None:
             with responding(response):  # names the header of a hold in the log
                 self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
-        if request is None or request.meta.get("throttling_dont_track"):
+        if request is None or dont_track(request.meta):
             return
         latency = request.meta.get("download_latency")
         reservation = self._reserved.get(request)

@@ -137,3 +137,45 @@ async def test_a_custom_scope_managers_own_key_limits_the_crawl(simhosts, reacto
     assert result["lost"] == []
     assert len(result["responses"]) == 1 + 6 + 36
     assert hosts.stats("A")["max_concurrency"] == 3
+
+
+# -- AutoThrottle's meta key -------------------------------------------------------
+
+
+@ON_BOTH_REACTORS
+@pytest.mark.parametrize(
+    "key", ["throttling_dont_track", "autothrottle_dont_adjust_delay", None]
+)
+@deferred_f_from_coro_f
+async def test_autothrottle_dont_adjust_delay_works_as_throttling_dont_track(
+    simhosts, reactor, key
+):
+    # The chapter's migration table maps the AutoThrottle key to
+    # throttling_dont_track: such requests' 429s never back off the scope.
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.005})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "DOWNLOAD_DELAY": 0,
+            "RETRY_ENABLED": False,
+            "CLOSESPIDER_TIMEOUT": 60,
+        },
+        [hosts.url("A")],
+        depth=2,
+        fanout=3,
+        child_query="status=429&header=Retry-After:2",
+        meta={key: True} if key else {},
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) == 1 + 3 + 9
+    times = sorted(record[0] for record in hosts.stats("A")["arrivals"])
+    backoffs = result["stats"].get("throttling/backoff/count", 0)
+    if key is None:
+        # The control: the same crawl does back off, 2 s per 429.
+        assert backoffs > 0
+        assert times[-1] - times[0] >= 2
+    else:
+        assert backoffs == 0
+        assert times[-1] - times[0] < 1.5
