@@ -154,21 +154,18 @@ class ThrottlingManager:
             return scopes  # type: ignore[no-any-return]
         parsed = urlparse_cached(request)
         netloc = parsed.netloc.rpartition("@")[2].lower()
-        host_scopes: RequestScopes = netloc
+        ip = None
         if self.config.ip_concurrency > 0:
-            ip = dnscache.get(parsed.hostname or "")
-            if isinstance(ip, str) and ip not in (netloc, parsed.hostname):
-                host_scopes = [netloc, ip]
+            cached = dnscache.get(parsed.hostname or "")
+            if isinstance(cached, str) and cached not in (netloc, parsed.hostname):
+                ip = cached
         slot = meta.get("download_slot")
-        if slot is None or slot == meta.get(SLOT_STAMP_META_KEY):
-            return host_scopes
-        slot = str(slot)
-        if slot == netloc:
-            return host_scopes
-        self.config.add_slot_scope(slot)
-        if isinstance(host_scopes, list):
-            return [*host_scopes, slot]
-        return [host_scopes, slot]
+        if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
+            slot = str(slot)
+            if slot != netloc:
+                self.config.add_slot_scope(slot)
+                return [netloc, ip, slot] if ip else [netloc, slot]
+        return [netloc, ip] if ip else netloc
 
     @scope_cache
     async def get_scopes(self, request: Request) -> RequestScopes:

@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "THROTTLING_SCOPE_MAX_IDLE": 3600.0,
     "THROTTLING_ROBOTSTXT_OBEY": True,
     "THROTTLING_ROBOTSTXT_MAX_DELAY": 60.0,
+    "REDIRECT_MAX_DELAY": 120.0,
     "THROTTLING_DEBUG": False,
     "THROTTLING_LATENCY_TOLERANCE": 1.5,
     "THROTTLING_LATENCY_WINDOW": 30.0,
@@ -379,6 +380,7 @@ class ThrottlingSettings:
     scope_max_idle: float
     robotstxt_obey: bool
     robotstxt_max_delay: float
+    redirect_max_delay: float
     debug: bool
     total_concurrency: int
     domain_concurrency: int
@@ -520,6 +522,9 @@ class ThrottlingSettings:
             )
             and to_bool(
                 read.raw("THROTTLING_ROBOTSTXT_OBEY"), "THROTTLING_ROBOTSTXT_OBEY"
+            ),
+            redirect_max_delay=to_float(
+                read.raw("REDIRECT_MAX_DELAY"), "REDIRECT_MAX_DELAY"
             ),
             robotstxt_max_delay=to_float(
                 read.raw("THROTTLING_ROBOTSTXT_MAX_DELAY"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
+from ._algorithms import parse_retry_after
 from ._containment import (
     ThrottlingComponentError,
     component_of,
@@ -51,8 +53,13 @@ request_released = object()
 #: Meta key removed before every download so that a ``download_latency``
 #: copied from another request (retries, redirects) is never read as ours.
 _LATENCY_META_KEY = "download_latency"
-#: Same as ``_manager.SLOT_STAMP_META_KEY`` (not imported: _manager is heavy).
+#: The same keys as ``_manager``'s ``SLOT_STAMP_META_KEY``,
+#: ``DELAYED_META_KEY`` and ``DELAY_DEADLINE_META_KEY``.
 _SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
+_DELAYED_META_KEY = "_throttling_delayed"
+_DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
+#: The statuses RedirectMiddleware follows with the Location header.
+_REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 
 
 def get_throttler(crawler: Crawler) -> Any:
@@ -125,7 +132,10 @@ def _log_configuration(config: ThrottlingSettings, throttler: Any) -> None:
 #: Jitter settings that Scrapy's ``Downloader.__init__`` reads as a number
 #: (``getfloat``) or a bool (``getbool``), with the value it is shown while it
 #: runs when the setting holds a ``[low, high]`` pair.
-_SCALAR_JITTER_STANDINS = {"DOWNLOAD_DELAY_JITTER": 0.5, "RANDOMIZE_DOWNLOAD_DELAY": True}
+_SCALAR_JITTER_STANDINS = {
+    "DOWNLOAD_DELAY_JITTER": 0.5,
+    "RANDOMIZE_DOWNLOAD_DELAY": True,
+}
 
 
 @contextmanager
@@ -269,6 +279,11 @@ class ThrottlingDownloaderMiddleware:
                 "see the manual setup in the docs."
             )
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        self._redirect_max_delay = (
+            ThrottlingSettings.from_crawler(crawler).redirect_max_delay
+            if crawler.settings.getbool("REDIRECT_ENABLED")
+            else 0.0
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -299,6 +314,8 @@ class ThrottlingDownloaderMiddleware:
     async def process_response(self, request: Request, response: Response) -> Response:
         if "cached" in response.flags:
             return response
+        if 300 <= response.status < 400:
+            self._hold_redirect(request, response)
         if response.request is None:
             response.request = request
         try:
@@ -313,6 +330,31 @@ class ThrottlingDownloaderMiddleware:
                 self.crawler.stats,
             )
         return response
+
+    def _hold_redirect(self, request: Request, response: Response) -> None:
+        """Hold the request RedirectMiddleware builds from a redirect with a
+        ``Retry-After`` header for that long, at most
+        :setting:`REDIRECT_MAX_DELAY` seconds (RFC 9110: on a 3xx it is the
+        minimum time to wait before issuing the redirected request).
+
+        The hold is a :reqmeta:`throttling_delay` in the meta that the
+        redirected request copies; the bookkeeping of an earlier one is reset
+        so that it applies again.
+        """
+        if (
+            self._redirect_max_delay <= 0
+            or response.status not in _REDIRECT_CODES
+            or b"Location" not in response.headers
+            or request.meta.get("dont_redirect")
+        ):
+            return
+        delay = parse_retry_after(response.headers.get(b"Retry-After"), time.time())
+        if not delay:
+            return
+        meta = request.meta
+        meta["throttling_delay"] = min(delay, self._redirect_max_delay)
+        meta.pop(_DELAYED_META_KEY, None)
+        meta.pop(_DELAY_DEADLINE_META_KEY, None)
 
     async def process_exception(self, request: Request, exception: Exception) -> None:
         if isinstance(exception, IgnoreRequest):

@@ -78,7 +78,9 @@ class SlotsScopeManager:
     def concurrency_blocked(self) -> bool:
         return self.active >= self.slots
 
-    def record_sent(self, now: float | None = None, amount: float | None = None) -> None:
+    def record_sent(
+        self, now: float | None = None, amount: float | None = None
+    ) -> None:
         self.active += 1
 
     def record_done(self, now: float | None = None) -> None:

@@ -10,15 +10,18 @@ the server, on both reactors, with pages found from a callback.
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_adaptive_throttle._settings import ThrottlingSettings
-from tests.engine_crawls import ADDON, REACTORS, crawl_follow
+from tests.engine_crawls import ADDON, REACTORS, crawl_follow, crawl_in_process
+from tests.spiders import PagesSpider, run_crawl
 
 ON_BOTH_REACTORS = pytest.mark.parametrize("reactor", REACTORS)
+EPOLL = "twisted.internet.epollreactor.EPollReactor"
 DELAY = 0.2
 #: Timer slack below the lower bound, and arrival jitter above the upper.
 EARLY, LATE = 0.005, 0.06
@@ -179,3 +182,77 @@ async def test_autothrottle_dont_adjust_delay_works_as_throttling_dont_track(
     else:
         assert backoffs == 0
         assert times[-1] - times[0] < 1.5
+
+
+# -- REDIRECT_MAX_DELAY -------------------------------------------------------------
+
+
+async def crawl_pages(reactor, settings, urls):
+    """Crawl *urls*, yielded from an index page's callback, on *reactor*."""
+    if reactor == "epoll":
+        return crawl_in_process(
+            {
+                "settings": {**settings, "TWISTED_REACTOR": EPOLL},
+                "urls": urls,
+                "follow": True,
+            }
+        )
+    crawler = await run_crawl(PagesSpider, settings, urls=urls, follow=True)
+    return {
+        "responses": crawler.spider.responses,
+        "finish_reason": crawler.stats.get_value("finish_reason"),
+    }
+
+
+@ON_BOTH_REACTORS
+@pytest.mark.parametrize(
+    ("retry_after", "max_delay", "expected"), [(1, None, 1.0), (30, 0.5, 0.5)]
+)
+@deferred_f_from_coro_f
+async def test_a_redirect_waits_its_retry_after_up_to_redirect_max_delay(
+    simhosts, reactor, retry_after, max_delay, expected
+):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.005})
+    urls = [
+        hosts.url(
+            "A",
+            f"/from/{i}?redirect={hosts.url('A', f'/to/{i}')}"
+            f"&header=Retry-After:{retry_after}",
+        )
+        for i in range(3)
+    ]
+    settings = {"ADDONS": ADDON, "DOWNLOAD_DELAY": 0, "CLOSESPIDER_TIMEOUT": 60}
+    if max_delay is not None:
+        settings["REDIRECT_MAX_DELAY"] = max_delay
+    result = await crawl_pages(reactor, settings, urls)
+    assert result["finish_reason"] == "finished"
+    assert sorted(entry["url"] for entry in result["responses"]) == [
+        hosts.url("A", f"/to/{i}") for i in range(3)
+    ]
+    arrival = {path: t for t, path, *_ in hosts.stats("A")["arrivals"]}
+    for i in range(3):
+        source = next(path for path in arrival if path.startswith(f"/from/{i}?"))
+        waited = arrival[f"/to/{i}"] - arrival[source]
+        assert expected - 0.01 <= waited <= expected + 0.5
+
+
+@deferred_f_from_coro_f
+async def test_redirect_max_delay_zero_ignores_retry_after_on_redirects(simhosts):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.005})
+    url = hosts.url("A", f"/from?redirect={hosts.url('A', '/to')}&header=Retry-After:5")
+    started = time.monotonic()
+    crawler = await run_crawl(
+        PagesSpider,
+        {"ADDONS": ADDON, "DOWNLOAD_DELAY": 0, "REDIRECT_MAX_DELAY": 0},
+        urls=[url],
+    )
+    assert [entry["url"] for entry in crawler.spider.responses] == [
+        hosts.url("A", "/to")
+    ]
+    assert time.monotonic() - started < 3
+
+
+def test_redirect_max_delay_is_validated():
+    with pytest.raises(ValueError, match="Invalid REDIRECT_MAX_DELAY value -1"):
+        read(REDIRECT_MAX_DELAY=-1)
+    assert read().redirect_max_delay == 120.0
