@@ -7,7 +7,9 @@ download exceptions into backoff, and merges robots.txt Crawl-delay.
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import itertools
 import logging
 import math
 import time
@@ -130,6 +132,13 @@ class ThrottlingManager:
             crawler.signals.connect(
                 self._on_robots_parsed, signal=signals.robots_parsed
             )
+        # THROTTLING_SCOPES keys that got a scope manager, i.e. matched a
+        # scope of some request: the others are named at close.
+        self._matched_configured: set[ScopeID] = set()
+        if self.config.scopes:
+            crawler.signals.connect(
+                self._warn_unmatched_scopes, signal=signals.spider_closed
+            )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -246,6 +255,8 @@ class ThrottlingManager:
         except Exception as exc:
             raise ScopeManagerError(scope_id, cls, "from_crawler", exc) from exc
         self._scope_managers[scope_id] = manager
+        if scope_id in self.config.scopes:
+            self._matched_configured.add(scope_id)
         crawl_delay = self._crawl_delays.get(scope_id)
         if crawl_delay is not None:
             self._apply_crawl_delay(scope_id, manager, crawl_delay)
@@ -971,6 +982,35 @@ class ThrottlingManager:
                 self._regate.add(request)
 
     # -- misc -------------------------------------------------------------------
+
+    def _warn_unmatched_scopes(self) -> None:
+        # A key that never matches (a bare host for a host with a port, a
+        # URL instead of host[:port]) is otherwise a silent no-op.
+        unmatched = [
+            scope
+            for scope in self.config.scopes
+            if scope not in self._matched_configured
+        ]
+        if not unmatched:
+            return
+        # The most recently used scopes: enough for a hint, and bounded in a
+        # broad crawl.
+        live = [
+            scope
+            for scope in itertools.islice(reversed(self._scope_managers), 10_000)
+            if isinstance(scope, str)
+        ]
+        hints = []
+        for scope in unmatched:
+            closest = difflib.get_close_matches(scope, live, n=1, cutoff=0.5)
+            hint = f" (closest scope of the crawl: {closest[0]!r})" if closest else ""
+            hints.append(f"{scope!r}{hint}")
+        logger.warning(
+            "THROTTLING_SCOPES entries that matched no request of this crawl: %s. "
+            "A key must be a scope id exactly as the requests get it: host[:port] "
+            "of the URL by default (see 'scrapy throttling URL').",
+            "; ".join(hints),
+        )
 
     def _inc_stat(self, key: str) -> None:
         if self._stats is not None:

@@ -8,7 +8,9 @@ at start-up instead of silently changing how hard a site is hit.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -22,6 +24,8 @@ from ._algorithms import BackoffPolicy, JitterRange
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
 
 #: Defaults of every setting this plugin adds. They are registered by the
 #: add-on and are also the fallback when a component is built without it.
@@ -115,6 +119,43 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def report_invalid_setting(error: ValueError) -> None:
+    """Log *error* (an invalid setting found while the crawl starts) once, at
+    ERROR, as the whole story, before it is raised.
+
+    Scrapy 2.19's ``scrapy crawl`` runs the crawl's start-up in an asyncio
+    task and lets asyncio print whatever ends it as a "Task exception was
+    never retrieved" traceback, burying the one line that matters. The task
+    that fails is the current one: once done, its exception is marked as
+    retrieved, so the user sees this line and the exit status 1 (Scrapy's
+    ``bootstrap_failed``). Anything else that ended the task is still handed
+    to the event loop's exception handler. Programmatic callers (a
+    ``CrawlerRunner``, tests) still get the exception itself.
+    """
+    logger.error("%s", error)
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return
+    if task is None:
+        return
+
+    def retrieve(done: asyncio.Task[Any]) -> None:
+        if done.cancelled():
+            return
+        exception = done.exception()
+        if exception is not None and exception is not error:
+            done.get_loop().call_exception_handler(
+                {
+                    "message": "Task exception was never retrieved",
+                    "exception": exception,
+                    "future": done,
+                }
+            )
+
+    task.add_done_callback(retrieve)
 
 
 class _Reader:
@@ -400,7 +441,11 @@ class ThrottlingSettings:
         cached = getattr(crawler, "_throttling_settings", None)
         if isinstance(cached, ThrottlingSettings):
             return cached
-        resolved = cls.from_settings(crawler.settings)
+        try:
+            resolved = cls.from_settings(crawler.settings)
+        except ValueError as exc:
+            report_invalid_setting(exc)
+            raise
         crawler._throttling_settings = resolved  # type: ignore[attr-defined]
         return resolved
 

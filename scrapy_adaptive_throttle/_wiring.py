@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy import signals
 from scrapy.core.downloader import Downloader, Slot
 from scrapy.exceptions import IgnoreRequest
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
@@ -35,7 +36,7 @@ from ._containment import (
     report,
     take_failure,
 )
-from ._settings import ThrottlingSettings
+from ._settings import ThrottlingSettings, report_invalid_setting
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -84,6 +85,7 @@ def get_throttler(crawler: Crawler) -> Any:
         throttler = _with_resolver(ThrottlingManager, cls, crawler)
     crawler.throttler = throttler  # type: ignore[attr-defined]
     _log_configuration(config, throttler)
+    _warn_about_settings_that_undo_it(crawler, config)
     return throttler
 
 
@@ -170,6 +172,78 @@ def _scalar_jitter_settings(settings: BaseSettings) -> Iterator[None]:
         for name, value, priority in pairs:
             settings.set(name, value, priority)
         settings.frozen = frozen
+
+
+def _warn_about_settings_that_undo_it(
+    crawler: Crawler, config: ThrottlingSettings
+) -> None:
+    """Warn, once per crawl, about settings that silently undo what the
+    plugin is installed for: a project-wide delay that paces every host
+    whatever its adaptive limit, and a scheduler without the
+    throttling-aware queue."""
+    from ._latency_scope_manager import LatencyScopeManager
+
+    settings = crawler.settings
+    delay = config.defaults["domain"].delay
+    if (
+        delay > 0
+        and issubclass(config.scope_manager_cls, LatencyScopeManager)
+        and (settings.getpriority("DOWNLOAD_DELAY") or 0)
+        > SETTINGS_PRIORITIES["default"]
+    ):
+        logger.warning(
+            "DOWNLOAD_DELAY = %s spaces the requests of every host by %ss (at "
+            "most %.3g pages/s per host), whatever the adaptive concurrency "
+            "limit allows: the delay sets the pace, not the host's latency. "
+            "Remove DOWNLOAD_DELAY (Scrapy's startproject template sets "
+            "DOWNLOAD_DELAY = 1 and CONCURRENT_REQUESTS_PER_DOMAIN = 1), give a "
+            "delay only to the hosts that need one in THROTTLING_SCOPES, and set "
+            "CONCURRENT_REQUESTS_PER_DOMAIN to the most any host may get.",
+            settings.get("DOWNLOAD_DELAY"),
+            delay,
+            1 / delay,
+        )
+    queue_problem = _throttling_queue_problem(settings)
+    if queue_problem:
+        logger.warning(
+            "%s, so the throttling-aware scheduler queue is not used: requests "
+            "whose scopes are at their limit (or backing off) are handed to the "
+            "downloader anyway and wait at its gate, where each takes one of the "
+            "CONCURRENT_REQUESTS slots, so a slow or backed-off host holds back "
+            "the requests of every other host (head-of-line blocking). "
+            "Throttling limits still hold. Remove that setting to use %s.",
+            queue_problem,
+            _THROTTLING_QUEUE,
+        )
+
+
+_THROTTLING_QUEUE = "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
+
+
+def _throttling_queue_problem(settings: BaseSettings) -> str | None:
+    """Why the throttling-aware priority queue is not in use, or ``None``."""
+    from scrapy.core.scheduler import Scheduler
+    from scrapy.utils.misc import load_object
+
+    from ._pqueue import ThrottlingAwarePriorityQueue
+
+    scheduler = settings.get("SCHEDULER")
+    scheduler_cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
+    # Not issubclass(): BaseScheduler's metaclass takes any class with the
+    # scheduler methods for a subclass of every scheduler, Scheduler included.
+    if not (isinstance(scheduler_cls, type) and Scheduler in scheduler_cls.__mro__):
+        # e.g. scrapy-redis: its scheduler has queues of its own.
+        return (
+            f"SCHEDULER is {scheduler!r}, which does not use SCHEDULER_PRIORITY_QUEUE"
+        )
+    queue = settings.get("SCHEDULER_PRIORITY_QUEUE")
+    queue_cls = load_object(queue) if isinstance(queue, str) else queue
+    if not (
+        isinstance(queue_cls, type)
+        and issubclass(queue_cls, ThrottlingAwarePriorityQueue)
+    ):
+        return f"SCHEDULER_PRIORITY_QUEUE is {queue!r}"
+    return None
 
 
 class ThrottlingDownloader(Downloader):
@@ -271,13 +345,16 @@ class ThrottlingDownloaderMiddleware:
             isinstance(downloader, type)
             and issubclass(downloader, ThrottlingDownloader)
         ):
-            raise ValueError(
+            error = ValueError(
                 f"Invalid DOWNLOADER value {crawler.settings.get('DOWNLOADER')!r}: "
                 "scrapy-adaptive-throttle needs "
                 "scrapy_adaptive_throttle.ThrottlingDownloader (or a subclass) so that "
-                "throttling reservations are always released. Enable the add-on or "
-                "see the manual setup in the docs."
+                "throttling reservations are always released. Enable the add-on "
+                "(and remove DOWNLOADER from your settings) or see the manual "
+                "setup in the docs."
             )
+            report_invalid_setting(error)
+            raise error
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
         self._redirect_max_delay = (
             ThrottlingSettings.from_crawler(crawler).redirect_max_delay

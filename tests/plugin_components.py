@@ -7,6 +7,7 @@ service) installed.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -85,3 +86,29 @@ class SlotsScopeManager:
 
     def record_done(self, now: float | None = None) -> None:
         self.active -= 1
+
+
+class FifoScheduler:
+    """A scheduler that, like scrapy-redis's, keeps requests in queues of its
+    own and never uses :setting:`SCHEDULER_PRIORITY_QUEUE` (one in-memory
+    FIFO here, no duplicate filter)."""
+
+    def __init__(self) -> None:
+        self.queue: collections.deque[Request] = collections.deque()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls()
+
+    def has_pending_requests(self) -> bool:
+        return bool(self.queue)
+
+    def enqueue_request(self, request: Request) -> bool:
+        self.queue.append(request)
+        return True
+
+    def next_request(self) -> Request | None:
+        return self.queue.popleft() if self.queue else None
+
+    def __len__(self) -> int:
+        return len(self.queue)
