@@ -90,9 +90,13 @@ def host(simhosts) -> str:
     )
 
 
-def test_the_template_as_is_gets_a_warning_that_says_what_to_change(tmp_path, simhosts):
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
+def test_the_template_as_is_gets_a_warning_that_says_what_to_change(
+    tmp_path, simhosts, reactor
+):
     project = new_project(tmp_path, f"ADDONS = {ADDON!r}\n")
-    result = scrapy_crawl(project, host(simhosts))
+    args = ["-s", f"TWISTED_REACTOR={EPOLL}"] if reactor == "epoll" else []
+    result = scrapy_crawl(project, host(simhosts), *args)
     assert result.returncode == 0, result.stderr[-3000:]
     warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
     delay = [line for line in warnings if "DOWNLOAD_DELAY = 1 " in line]
