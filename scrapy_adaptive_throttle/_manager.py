@@ -135,7 +135,7 @@ class ThrottlingManager:
         # THROTTLING_SCOPES keys that got a scope manager, i.e. matched a
         # scope of some request: the others are named at close.
         self._matched_configured: set[ScopeID] = set()
-        if self.config.scopes:
+        if self.config.scopes_set:
             crawler.signals.connect(
                 self._warn_unmatched_scopes, signal=signals.spider_closed
             )

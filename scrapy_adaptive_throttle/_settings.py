@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     "THROTTLING_MANAGER": "scrapy_adaptive_throttle.ThrottlingManager",
     "THROTTLING_SCOPE_MANAGER": "scrapy_adaptive_throttle.ThrottlingScopeManager",
-    "THROTTLING_SCOPES": {},
+    # The reference chapter's default: the tutorial's test site may be
+    # crawled fast, every other host keeps the conservative defaults.
+    "THROTTLING_SCOPES": {"quotes.toscrape.com": {"concurrency": 16, "delay": 0.0}},
     "THROTTLING_WINDOW": 60.0,
     "THROTTLING_SCOPE_CONCURRENCY": 1,
     "THROTTLING_SCOPE_LIMIT": 100_000,
@@ -431,6 +433,9 @@ class ThrottlingSettings:
     defaults: Mapping[str, ScopeSettings]
     scopes: Mapping[str, ScopeSettings]
     common: _Common
+    #: Whether :setting:`THROTTLING_SCOPES` comes from the user's settings
+    #: (not the default).
+    scopes_set: bool
     #: Ids of the ``"other"`` scopes that came from a ``download_slot`` set by
     #: another component (see :meth:`add_slot_scope`).
     slot_scopes: set[str] = field(default_factory=set)
@@ -587,6 +592,7 @@ class ThrottlingSettings:
             defaults=defaults,
             scopes=scopes,
             common=common,
+            scopes_set=read.is_set_above_default("THROTTLING_SCOPES"),
         )
 
     def scope(self, scope_id: str) -> ScopeSettings:

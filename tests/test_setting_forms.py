@@ -256,3 +256,12 @@ def test_redirect_max_delay_is_validated():
     with pytest.raises(ValueError, match="Invalid REDIRECT_MAX_DELAY value -1"):
         read(REDIRECT_MAX_DELAY=-1)
     assert read().redirect_max_delay == 120.0
+
+
+def test_the_chapters_default_scopes_are_replaced_by_the_users():
+    default = read().scope("quotes.toscrape.com")
+    assert (default.concurrency, default.delay) == (16, 0.0)
+    assert not read().scopes_set
+    config = read(THROTTLING_SCOPES={"api": {"concurrency": 2}})
+    assert list(config.scopes) == ["api"]
+    assert config.scopes_set
