@@ -171,3 +171,41 @@ async def test_no_deprecation_warning_and_not_slower_than_plain_scrapy(simhosts)
     # it even exceeds it); the plugin reaches the host limit and keeps to it.
     assert plain_hosts.stats("A")["max_concurrency"] >= HOST_LIMIT
     assert ours_hosts.stats("A")["max_concurrency"] == HOST_LIMIT
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_a_slot_set_by_a_downloader_middleware_counts_from_the_retry(
+    simhosts, reactor
+):
+    # Scopes are assigned when a request is scheduled: a slot that a
+    # downloader middleware sets afterwards is a scope of the request's next
+    # attempt, which copies the meta (as documented in other-plugins.rst).
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "DOWNLOAD_DELAY": 0,
+            "DOWNLOADER_MIDDLEWARES": {PROXY_MIDDLEWARE: 610},
+            "RETRY_TIMES": 1,
+            "RETRY_HTTP_CODES": [503],
+            "BACKOFF_HTTP_CODES": [],
+            "CLOSESPIDER_TIMEOUT": 60,
+        },
+        [hosts.url("A")],
+        depth=1,
+        fanout=6,
+        child_query="status=503",
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    stats = result["stats"]
+    assert hosts.stats("A")["requests"] == 1 + 6 * 2
+    host_count = stats[f"throttling/scopes/{hosts.netloc('A')}/response_count"]
+    assert host_count == 1 + 6 * 2
+    proxy_counts = [
+        stats.get(f"throttling/scopes/{proxy}/response_count", 0)
+        for proxy in ("proxy-1", "proxy-2", "proxy-3")
+    ]
+    assert sum(proxy_counts) == 6  # the retries, not the first attempts
