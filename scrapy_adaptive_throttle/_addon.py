@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
 from ._settings import DEFAULTS
@@ -16,7 +16,6 @@ from ._settings import DEFAULTS
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
-logger = logging.getLogger(__name__)
 
 _DOWNLOADER = "scrapy_adaptive_throttle.ThrottlingDownloader"
 _PRIORITY_QUEUE = "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
@@ -80,6 +79,10 @@ class Addon:
     def _set_component(
         settings: BaseSettings, name: str, ours: str, replaceable: set[str]
     ) -> None:
+        if (settings.getpriority(name) or 0) > SETTINGS_PRIORITIES["addon"]:
+            # The user's own choice (even Scrapy's default) stands; the
+            # throttler warns at start-up about what it costs.
+            return
         current: Any = settings.get(name)
         current_path = (
             current
@@ -92,13 +95,6 @@ class Addon:
         )
         if current_path in replaceable or current_path == ours:
             settings.set(name, ours, priority="addon")
-            return
-        if name == "SCHEDULER_PRIORITY_QUEUE":
-            logger.warning(
-                "%s is %r, not the throttling-aware priority queue: throttled "
-                "requests will wait in the downloader and may hold back others.",
-                name,
-                current,
-            )
-            return
-        # A custom DOWNLOADER must subclass ours; the middleware checks it.
+        # Otherwise another add-on chose it: a custom DOWNLOADER must subclass
+        # ours (the middleware checks it); another priority queue gets a
+        # warning at start-up.

@@ -35,15 +35,22 @@ from scrapy.extensions.telnet import update_telnet_vars
 from scrapy.utils.asyncio import create_looping_call
 
 from ._explain import REASONS, Explanation, primary_reason, scope_wait_reasons
-from ._settings import ThrottlingSettings, to_bool, to_float, to_int
+from ._settings import (
+    ThrottlingSettings,
+    report_invalid_setting,
+    to_bool,
+    to_float,
+    to_int,
+)
 from ._timeline import ScopeTraffic, TimelineWriter
-from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, iter_scopes
+from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, dont_track, iter_scopes
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.settings import BaseSettings
     from typing_extensions import Self
 
 __all__ = ["ObservabilitySettings", "ThrottlingDiagnostics"]
@@ -79,7 +86,17 @@ class ObservabilitySettings:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ObservabilitySettings:
-        settings = crawler.settings
+        throttling = ThrottlingSettings.from_crawler(crawler)
+        try:
+            return cls._read(crawler.settings, throttling)
+        except ValueError as exc:
+            report_invalid_setting(exc)
+            raise
+
+    @classmethod
+    def _read(
+        cls, settings: BaseSettings, throttling: ThrottlingSettings
+    ) -> ObservabilitySettings:
         timeline = settings.get("THROTTLING_TIMELINE_FILE")
         if timeline is not None and not isinstance(timeline, (str, Path)):
             raise ValueError(
@@ -106,7 +123,7 @@ class ObservabilitySettings:
             stats_scopes=to_int(
                 settings.get("THROTTLING_STATS_SCOPES", 10), "THROTTLING_STATS_SCOPES"
             ),
-            debug=ThrottlingSettings.from_crawler(crawler).debug,
+            debug=throttling.debug,
         )
 
 
@@ -211,7 +228,7 @@ class ThrottlingDiagnostics:
     def response_downloaded(self, response: Response, request: Request) -> None:
         """Count the response and its latency for each scope of its request."""
         meta = request.meta
-        if meta.get("throttling_dont_track"):
+        if dont_track(meta):
             return
         scopes = meta.get(RESOLVED_SCOPES_META_KEY)
         if scopes is None:

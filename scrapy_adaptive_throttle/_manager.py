@@ -7,11 +7,12 @@ download exceptions into backoff, and merges robots.txt Crawl-delay.
 
 from __future__ import annotations
 
+import difflib
 import inspect
+import itertools
 import logging
 import math
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -20,7 +21,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest, ScrapyDeprecationWarning
+from scrapy.exceptions import IgnoreRequest
 from scrapy.resolver import dnscache
 from scrapy.utils.asyncio import call_later, sleep
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -43,6 +44,7 @@ from ._types import (
     BackoffScopeData,
     RequestScopes,
     ScopeID,
+    dont_track,
     iter_scope_values,
     iter_scopes,
     scope_cache,
@@ -130,6 +132,13 @@ class ThrottlingManager:
             crawler.signals.connect(
                 self._on_robots_parsed, signal=signals.robots_parsed
             )
+        # THROTTLING_SCOPES keys that got a scope manager, i.e. matched a
+        # scope of some request: the others are named at close.
+        self._matched_configured: set[ScopeID] = set()
+        if self.config.scopes_set:
+            crawler.signals.connect(
+                self._warn_unmatched_scopes, signal=signals.spider_closed
+            )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -140,31 +149,32 @@ class ThrottlingManager:
     def get_request_scopes(self, request: Request) -> RequestScopes:
         """Return the scopes of *request*, synchronously.
 
-        ``throttling_scopes`` meta if set; else a ``download_slot`` set by the
-        user (deprecated); else the URL's ``host[:port]``, plus the IP of the
-        host as a second scope when :setting:`CONCURRENT_REQUESTS_PER_IP` is
-        positive and the DNS cache knows it.
+        ``throttling_scopes`` meta if set; else the URL's ``host[:port]``,
+        plus the IP of the host as a second scope when
+        :setting:`CONCURRENT_REQUESTS_PER_IP` is positive and the DNS cache
+        knows it, plus the request's ``download_slot`` when another component
+        set one (scrapy-zyte-api's ``zyte-api@<host>``, a proxy rotation
+        plugin's slot per proxy): an added scope, never a replacement, so
+        the host's limits still apply (see :ref:`other-plugins`).
         """
         meta = request.meta
         scopes = meta.get("throttling_scopes")
         if scopes is not None:
             return scopes  # type: ignore[no-any-return]
-        slot = meta.get("download_slot")
-        if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
-            warnings.warn(
-                "The 'download_slot' request meta key is deprecated with "
-                "scrapy-adaptive-throttle. Use 'throttling_scopes' instead.",
-                ScrapyDeprecationWarning,
-                stacklevel=2,
-            )
-            return str(slot)
         parsed = urlparse_cached(request)
         netloc = parsed.netloc.rpartition("@")[2].lower()
+        ip = None
         if self.config.ip_concurrency > 0:
-            ip = dnscache.get(parsed.hostname or "")
-            if isinstance(ip, str) and ip not in (netloc, parsed.hostname):
-                return [netloc, ip]
-        return netloc
+            cached = dnscache.get(parsed.hostname or "")
+            if isinstance(cached, str) and cached not in (netloc, parsed.hostname):
+                ip = cached
+        slot = meta.get("download_slot")
+        if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
+            slot = str(slot)
+            if slot != netloc:
+                self.config.add_slot_scope(slot)
+                return [netloc, ip, slot] if ip else [netloc, slot]
+        return [netloc, ip] if ip else netloc
 
     @scope_cache
     async def get_scopes(self, request: Request) -> RequestScopes:
@@ -229,6 +239,12 @@ class ThrottlingManager:
     def _create_scope_manager(self, scope_id: ScopeID) -> Any:
         scope_config = self.config.scope(scope_id)
         cls = scope_config.manager or self.config.scope_manager_cls
+        if scope_config.kind == "slot" and scope_config.manager is None:
+            # Another plugin's slot with no entry of its own: it limits
+            # nothing (the host scope does), so there is nothing to adapt.
+            from ._scope_manager import ThrottlingScopeManager
+
+            cls = ThrottlingScopeManager
         config = dict(scope_config.raw)
         config["id"] = scope_id
         try:
@@ -239,6 +255,8 @@ class ThrottlingManager:
         except Exception as exc:
             raise ScopeManagerError(scope_id, cls, "from_crawler", exc) from exc
         self._scope_managers[scope_id] = manager
+        if scope_id in self.config.scopes:
+            self._matched_configured.add(scope_id)
         crawl_delay = self._crawl_delays.get(scope_id)
         if crawl_delay is not None:
             self._apply_crawl_delay(scope_id, manager, crawl_delay)
@@ -633,7 +651,7 @@ class ThrottlingManager:
         request = response.request
         if request is None:
             request = _RESPONSE_REQUEST.get()
-        if request is None or request.meta.get("throttling_dont_track"):
+        if request is None or dont_track(request.meta):
             return None
         status = response.status
         headers = response.headers
@@ -672,7 +690,7 @@ class ThrottlingManager:
         of *request* whose backoff exceptions (:setting:`BACKOFF_EXCEPTIONS`
         or their ``"backoff"`` ``"exceptions"``) include its type, as bare
         scopes; ``None`` for :reqmeta:`throttling_dont_track` requests."""
-        if request.meta.get("throttling_dont_track"):
+        if dont_track(request.meta):
             return None
         scopes = [
             scope
@@ -696,7 +714,7 @@ class ThrottlingManager:
         if backoff is not None:
             with responding(response):  # names the header of a hold in the log
                 self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
-        if request is None or request.meta.get("throttling_dont_track"):
+        if request is None or dont_track(request.meta):
             return
         latency = request.meta.get("download_latency")
         reservation = self._reserved.get(request)
@@ -964,6 +982,35 @@ class ThrottlingManager:
                 self._regate.add(request)
 
     # -- misc -------------------------------------------------------------------
+
+    def _warn_unmatched_scopes(self) -> None:
+        # A key that never matches (a bare host for a host with a port, a
+        # URL instead of host[:port]) is otherwise a silent no-op.
+        unmatched = [
+            scope
+            for scope in self.config.scopes
+            if scope not in self._matched_configured
+        ]
+        if not unmatched:
+            return
+        # The most recently used scopes: enough for a hint, and bounded in a
+        # broad crawl.
+        live = [
+            scope
+            for scope in itertools.islice(reversed(self._scope_managers), 10_000)
+            if isinstance(scope, str)
+        ]
+        hints = []
+        for scope in unmatched:
+            closest = difflib.get_close_matches(scope, live, n=1, cutoff=0.5)
+            hint = f" (closest scope of the crawl: {closest[0]!r})" if closest else ""
+            hints.append(f"{scope!r}{hint}")
+        logger.warning(
+            "THROTTLING_SCOPES entries that matched no request of this crawl: %s. "
+            "A key must be a scope id exactly as the requests get it: host[:port] "
+            "of the URL by default (see 'scrapy throttling URL').",
+            "; ".join(hints),
+        )
 
     def _inc_stat(self, key: str) -> None:
         if self._stats is not None:

@@ -8,7 +8,9 @@ at start-up instead of silently changing how hard a site is hit.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -23,18 +25,23 @@ from ._algorithms import BackoffPolicy, JitterRange
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
+logger = logging.getLogger(__name__)
+
 #: Defaults of every setting this plugin adds. They are registered by the
 #: add-on and are also the fallback when a component is built without it.
 DEFAULTS: dict[str, Any] = {
     "THROTTLING_MANAGER": "scrapy_adaptive_throttle.ThrottlingManager",
     "THROTTLING_SCOPE_MANAGER": "scrapy_adaptive_throttle.ThrottlingScopeManager",
-    "THROTTLING_SCOPES": {},
+    # The reference chapter's default: the tutorial's test site may be
+    # crawled fast, every other host keeps the conservative defaults.
+    "THROTTLING_SCOPES": {"quotes.toscrape.com": {"concurrency": 16, "delay": 0.0}},
     "THROTTLING_WINDOW": 60.0,
     "THROTTLING_SCOPE_CONCURRENCY": 1,
     "THROTTLING_SCOPE_LIMIT": 100_000,
     "THROTTLING_SCOPE_MAX_IDLE": 3600.0,
     "THROTTLING_ROBOTSTXT_OBEY": True,
     "THROTTLING_ROBOTSTXT_MAX_DELAY": 60.0,
+    "REDIRECT_MAX_DELAY": 120.0,
     "THROTTLING_DEBUG": False,
     "THROTTLING_LATENCY_TOLERANCE": 1.5,
     "THROTTLING_LATENCY_WINDOW": 30.0,
@@ -87,10 +94,12 @@ def classify_scope(scope_id: str) -> str:
     """Return ``"ip"``, ``"domain"`` or ``"other"`` for a scope id.
 
     ``127.0.0.1:8080`` and ``[::1]:80`` are IP scopes, ``example.com`` and
-    ``example.com:8080`` domain scopes; anything else (``localhost``, ``api``,
+    ``example.com:8080`` domain scopes; a scope that names a host after an
+    ``@`` (scrapy-zyte-api's download slots, ``zyte-api@example.com``) has
+    that host's kind; anything else (``localhost``, ``api``,
     ``api.example.com/fast``) is another kind of scope.
     """
-    host = scope_id
+    host = scope_id.rpartition("@")[2]
     if host.startswith("["):
         end = host.find("]")
         if end > 0:
@@ -112,6 +121,43 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def report_invalid_setting(error: ValueError) -> None:
+    """Log *error* (an invalid setting found while the crawl starts) once, at
+    ERROR, as the whole story, before it is raised.
+
+    Scrapy 2.19's ``scrapy crawl`` runs the crawl's start-up in an asyncio
+    task and lets asyncio print whatever ends it as a "Task exception was
+    never retrieved" traceback, burying the one line that matters. The task
+    that fails is the current one: once done, its exception is marked as
+    retrieved, so the user sees this line and the exit status 1 (Scrapy's
+    ``bootstrap_failed``). Anything else that ended the task is still handed
+    to the event loop's exception handler. Programmatic callers (a
+    ``CrawlerRunner``, tests) still get the exception itself.
+    """
+    logger.error("%s", error)
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return
+    if task is None:
+        return
+
+    def retrieve(done: asyncio.Task[Any]) -> None:
+        if done.cancelled():
+            return
+        exception = done.exception()
+        if exception is not None and exception is not error:
+            done.get_loop().call_exception_handler(
+                {
+                    "message": "Task exception was never retrieved",
+                    "exception": exception,
+                    "future": done,
+                }
+            )
+
+    task.add_done_callback(retrieve)
 
 
 class _Reader:
@@ -377,6 +423,7 @@ class ThrottlingSettings:
     scope_max_idle: float
     robotstxt_obey: bool
     robotstxt_max_delay: float
+    redirect_max_delay: float
     debug: bool
     total_concurrency: int
     domain_concurrency: int
@@ -386,6 +433,12 @@ class ThrottlingSettings:
     defaults: Mapping[str, ScopeSettings]
     scopes: Mapping[str, ScopeSettings]
     common: _Common
+    #: Whether :setting:`THROTTLING_SCOPES` comes from the user's settings
+    #: (not the default).
+    scopes_set: bool
+    #: Ids of the ``"other"`` scopes that came from a ``download_slot`` set by
+    #: another component (see :meth:`add_slot_scope`).
+    slot_scopes: set[str] = field(default_factory=set)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThrottlingSettings:
@@ -393,7 +446,11 @@ class ThrottlingSettings:
         cached = getattr(crawler, "_throttling_settings", None)
         if isinstance(cached, ThrottlingSettings):
             return cached
-        resolved = cls.from_settings(crawler.settings)
+        try:
+            resolved = cls.from_settings(crawler.settings)
+        except ValueError as exc:
+            report_invalid_setting(exc)
+            raise
         crawler._throttling_settings = resolved  # type: ignore[attr-defined]
         return resolved
 
@@ -448,6 +505,9 @@ class ThrottlingSettings:
             minimum=1,
         )
         window = to_float(read.raw("THROTTLING_WINDOW"), "THROTTLING_WINDOW")
+        scope_manager_cls = to_class(
+            read.raw("THROTTLING_SCOPE_MANAGER"), "THROTTLING_SCOPE_MANAGER"
+        )
         common = _Common(
             domain=domain,
             ip=ip,
@@ -464,9 +524,11 @@ class ThrottlingSettings:
             tolerance=tolerance,
             latency_window=latency_window,
             initial=initial,
+            scope_manager_cls=scope_manager_cls,
         )
         defaults = {
-            kind: common.resolve(kind, None, {}) for kind in ("domain", "ip", "other")
+            kind: common.resolve(kind, None, {})
+            for kind in ("domain", "ip", "other", "slot")
         }
         raw_scopes = read.raw("THROTTLING_SCOPES")
         if isinstance(raw_scopes, BaseSettings):
@@ -496,9 +558,7 @@ class ThrottlingSettings:
         user_agent = read.raw("ROBOTSTXT_USER_AGENT") or read.raw("USER_AGENT") or ""
         return cls(
             manager_cls=to_class(read.raw("THROTTLING_MANAGER"), "THROTTLING_MANAGER"),
-            scope_manager_cls=to_class(
-                read.raw("THROTTLING_SCOPE_MANAGER"), "THROTTLING_SCOPE_MANAGER"
-            ),
+            scope_manager_cls=scope_manager_cls,
             window=window,
             scope_concurrency=scope_concurrency,
             scope_limit=to_int(
@@ -512,6 +572,9 @@ class ThrottlingSettings:
             )
             and to_bool(
                 read.raw("THROTTLING_ROBOTSTXT_OBEY"), "THROTTLING_ROBOTSTXT_OBEY"
+            ),
+            redirect_max_delay=to_float(
+                read.raw("REDIRECT_MAX_DELAY"), "REDIRECT_MAX_DELAY"
             ),
             robotstxt_max_delay=to_float(
                 read.raw("THROTTLING_ROBOTSTXT_MAX_DELAY"),
@@ -529,6 +592,7 @@ class ThrottlingSettings:
             defaults=defaults,
             scopes=scopes,
             common=common,
+            scopes_set=read.is_set_above_default("THROTTLING_SCOPES"),
         )
 
     def scope(self, scope_id: str) -> ScopeSettings:
@@ -536,7 +600,16 @@ class ThrottlingSettings:
         configured = self.scopes.get(scope_id)
         if configured is not None:
             return configured
-        return self.defaults[classify_scope(scope_id)]
+        kind = classify_scope(scope_id)
+        if kind == "other" and scope_id in self.slot_scopes:
+            kind = "slot"
+        return self.defaults[kind]
+
+    def add_slot_scope(self, scope_id: str) -> None:
+        """Record *scope_id* as the scope of a ``download_slot`` set by
+        another component: unless configured in :setting:`THROTTLING_SCOPES`
+        or named after a host, such a scope has no limit of its own."""
+        self.slot_scopes.add(scope_id)
 
     def resolve_scope(self, scope_id: str, config: Mapping[str, Any]) -> ScopeSettings:
         """Return the settings for a scope manager built with *config*.
@@ -550,7 +623,20 @@ class ThrottlingSettings:
             known.raw.get(key) == value for key, value in config.items() if key != "id"
         ):
             return known
-        return self.common.resolve(classify_scope(scope_id), scope_id, config)
+        return self.common.resolve(known.kind, scope_id, config)
+
+
+#: The scope managers of this package, which read no key beyond SCOPE_KEYS.
+_BUILTIN_SCOPE_MANAGERS = frozenset(
+    {
+        "scrapy_adaptive_throttle._scope_manager.ThrottlingScopeManager",
+        "scrapy_adaptive_throttle._latency_scope_manager.LatencyScopeManager",
+    }
+)
+
+
+def _is_builtin_scope_manager(cls: type) -> bool:
+    return f"{cls.__module__}.{cls.__qualname__}" in _BUILTIN_SCOPE_MANAGERS
 
 
 def _default_jitter(read: _Reader) -> JitterRange:
@@ -583,8 +669,14 @@ class _Common:
     tolerance: float
     latency_window: float
     initial: int
+    scope_manager_cls: type
 
     def default_concurrency(self, kind: str) -> int:
+        # "slot": a download slot that another plugin set and that names no
+        # host (a proxy, an account). The request's host scope still applies,
+        # so this one limits nothing unless configured.
+        if kind == "slot":
+            return 0
         if kind == "ip":
             return self.ip or self.domain
         if kind == "domain":
@@ -595,13 +687,20 @@ class _Common:
         self, kind: str, scope: str | None, config: Mapping[str, Any]
     ) -> ScopeSettings:
         setting = "THROTTLING_SCOPES"
+        manager: type | None = None
+        if config.get("manager") is not None:
+            manager = to_class(config["manager"], setting, scope=scope, key="manager")
         unknown = set(config) - SCOPE_KEYS - {"id"}
-        if unknown:
+        # A custom scope manager gets its entry whole, its own keys included,
+        # and validates them itself; the built-in ones know every key they
+        # read, so anything else is a typo.
+        if unknown and _is_builtin_scope_manager(manager or self.scope_manager_cls):
             name = sorted(unknown)[0]
             raise ValueError(
                 f"Unknown key {name!r} in THROTTLING_SCOPES[{scope!r}] "
                 f"(value {config[name]!r}); accepted keys: "
-                f"{', '.join(sorted(SCOPE_KEYS))}"
+                f"{', '.join(sorted(SCOPE_KEYS))} (a custom scope manager, set "
+                "with 'manager' or THROTTLING_SCOPE_MANAGER, may accept others)"
             )
 
         def number(key: str, default: float, **kwargs: Any) -> float:
@@ -617,6 +716,11 @@ class _Common:
         explicit_concurrency = config.get("concurrency") is not None
         concurrency = integer("concurrency", self.default_concurrency(kind))
         min_concurrency = integer("min_concurrency", 1, minimum=1)
+        if not explicit_concurrency and concurrency:
+            # A floor above the default for the scope's kind (e.g. with
+            # rampup, which starts at the floor) raises the scope's limit to
+            # it: only a floor above an explicit concurrency contradicts it.
+            concurrency = max(concurrency, min_concurrency)
         if concurrency and min_concurrency > concurrency:
             raise ValueError(
                 f"Invalid THROTTLING_SCOPES[{scope!r}]['min_concurrency'] value "
@@ -631,9 +735,6 @@ class _Common:
             quota = number("quota", 0.0, exclusive_minimum=True)
         rampup = self._rampup(scope, config.get("rampup"))
         backoff, codes, exceptions = self._backoff(scope, config.get("backoff"))
-        manager: type | None = None
-        if config.get("manager") is not None:
-            manager = to_class(config["manager"], setting, scope=scope, key="manager")
         ignore = False
         if config.get("ignore_robots_txt") is not None:
             ignore = to_bool(
@@ -648,7 +749,7 @@ class _Common:
             concurrency=concurrency or None,
             explicit_concurrency=explicit_concurrency,
             min_concurrency=min_concurrency,
-            delay=number("delay", self.delay),
+            delay=number("delay", 0.0 if kind == "slot" else self.delay),
             explicit_delay=config.get("delay") is not None,
             jitter=jitter,
             quota=quota,

@@ -212,6 +212,16 @@ class ThrottlingScopeManagerProtocol(Protocol):
 RESOLVED_SCOPES_META_KEY = "_throttling_resolved_scopes"
 
 
+def dont_track(meta: dict[str, Any]) -> bool:
+    """Whether a request's outcome must not change throttling state:
+    :reqmeta:`throttling_dont_track`, or AutoThrottle's
+    ``autothrottle_dont_adjust_delay``, which the reference chapter maps to
+    it (so spiders written for AutoThrottle keep their exclusions)."""
+    return bool(
+        meta.get("throttling_dont_track") or meta.get("autothrottle_dont_adjust_delay")
+    )
+
+
 def iter_scopes(scopes: RequestScopes | BackoffData) -> Iterable[ScopeID]:
     """Iterate over the scope ids of *scopes* (``None`` → nothing)."""
     if scopes is None:

@@ -16,27 +16,33 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 from scrapy.core.downloader import Downloader, Slot
 from scrapy.exceptions import IgnoreRequest
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.misc import build_from_crawler
 from twisted.internet.defer import Deferred
 
+from ._algorithms import parse_retry_after
 from ._containment import (
     ThrottlingComponentError,
     component_of,
     report,
     take_failure,
 )
-from ._settings import ThrottlingSettings
+from ._settings import ThrottlingSettings, report_invalid_setting
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.settings import BaseSettings
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
@@ -48,6 +54,13 @@ request_released = object()
 #: Meta key removed before every download so that a ``download_latency``
 #: copied from another request (retries, redirects) is never read as ours.
 _LATENCY_META_KEY = "download_latency"
+#: The same keys as ``_manager``'s ``SLOT_STAMP_META_KEY``,
+#: ``DELAYED_META_KEY`` and ``DELAY_DEADLINE_META_KEY``.
+_SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
+_DELAYED_META_KEY = "_throttling_delayed"
+_DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
+#: The statuses RedirectMiddleware follows with the Location header.
+_REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 
 
 def get_throttler(crawler: Crawler) -> Any:
@@ -72,6 +85,7 @@ def get_throttler(crawler: Crawler) -> Any:
         throttler = _with_resolver(ThrottlingManager, cls, crawler)
     crawler.throttler = throttler  # type: ignore[attr-defined]
     _log_configuration(config, throttler)
+    _warn_about_settings_that_undo_it(crawler, config)
     return throttler
 
 
@@ -117,6 +131,121 @@ def _log_configuration(config: ThrottlingSettings, throttler: Any) -> None:
     )
 
 
+#: Jitter settings that Scrapy's ``Downloader.__init__`` reads as a number
+#: (``getfloat``) or a bool (``getbool``), with the value it is shown while it
+#: runs when the setting holds a ``[low, high]`` pair.
+_SCALAR_JITTER_STANDINS = {
+    "DOWNLOAD_DELAY_JITTER": 0.5,
+    "RANDOMIZE_DOWNLOAD_DELAY": True,
+}
+
+
+@contextmanager
+def _scalar_jitter_settings(settings: BaseSettings) -> Iterator[None]:
+    """Show Scrapy's ``Downloader.__init__`` a number where a jitter
+    setting holds a ``[low, high]`` pair, then put the pair back.
+
+    The reference chapter documents ``RANDOMIZE_DOWNLOAD_DELAY = [-0.1, 0.3]``
+    (and this plugin ``DOWNLOAD_DELAY_JITTER = [0, 0.5]`` too), but Scrapy's
+    downloader reads them with ``getfloat`` / ``getbool`` and raises
+    ``TypeError`` on a list. Its jitter is unused here (the scope managers
+    apply the pair, see :mod:`._settings`), so it may see any number; the
+    user's value is back, at its priority, before anything else reads it.
+    """
+    pairs = []
+    for name in _SCALAR_JITTER_STANDINS:
+        attribute = settings.attributes.get(name)
+        if attribute is not None and isinstance(attribute.value, (list, tuple)):
+            pairs.append((name, attribute.value, attribute.priority))
+    if not pairs:
+        yield
+        return
+    frozen = settings.frozen
+    settings.frozen = False
+    try:
+        for name, _, priority in pairs:
+            settings.set(name, _SCALAR_JITTER_STANDINS[name], priority)
+        settings.frozen = frozen
+        yield
+    finally:
+        settings.frozen = False
+        for name, value, priority in pairs:
+            settings.set(name, value, priority)
+        settings.frozen = frozen
+
+
+def _warn_about_settings_that_undo_it(
+    crawler: Crawler, config: ThrottlingSettings
+) -> None:
+    """Warn, once per crawl, about settings that silently undo what the
+    plugin is installed for: a project-wide delay that paces every host
+    whatever its adaptive limit, and a scheduler without the
+    throttling-aware queue."""
+    from ._latency_scope_manager import LatencyScopeManager
+
+    settings = crawler.settings
+    delay = config.defaults["domain"].delay
+    if (
+        delay > 0
+        and issubclass(config.scope_manager_cls, LatencyScopeManager)
+        and (settings.getpriority("DOWNLOAD_DELAY") or 0)
+        > SETTINGS_PRIORITIES["default"]
+    ):
+        logger.warning(
+            "DOWNLOAD_DELAY = %s spaces the requests of every host by %ss (at "
+            "most %.3g pages/s per host), whatever the adaptive concurrency "
+            "limit allows: the delay sets the pace, not the host's latency. "
+            "Remove DOWNLOAD_DELAY (Scrapy's startproject template sets "
+            "DOWNLOAD_DELAY = 1 and CONCURRENT_REQUESTS_PER_DOMAIN = 1), give a "
+            "delay only to the hosts that need one in THROTTLING_SCOPES, and set "
+            "CONCURRENT_REQUESTS_PER_DOMAIN to the most any host may get.",
+            settings.get("DOWNLOAD_DELAY"),
+            delay,
+            1 / delay,
+        )
+    queue_problem = _throttling_queue_problem(settings)
+    if queue_problem:
+        logger.warning(
+            "%s, so the throttling-aware scheduler queue is not used: requests "
+            "whose scopes are at their limit (or backing off) are handed to the "
+            "downloader anyway and wait at its gate, where each takes one of the "
+            "CONCURRENT_REQUESTS slots, so a slow or backed-off host holds back "
+            "the requests of every other host (head-of-line blocking). "
+            "Throttling limits still hold. Remove that setting to use %s.",
+            queue_problem,
+            _THROTTLING_QUEUE,
+        )
+
+
+_THROTTLING_QUEUE = "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
+
+
+def _throttling_queue_problem(settings: BaseSettings) -> str | None:
+    """Why the throttling-aware priority queue is not in use, or ``None``."""
+    from scrapy.core.scheduler import Scheduler
+    from scrapy.utils.misc import load_object
+
+    from ._pqueue import ThrottlingAwarePriorityQueue
+
+    scheduler = settings.get("SCHEDULER")
+    scheduler_cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
+    # Not issubclass(): BaseScheduler's metaclass takes any class with the
+    # scheduler methods for a subclass of every scheduler, Scheduler included.
+    if not (isinstance(scheduler_cls, type) and Scheduler in scheduler_cls.__mro__):
+        # e.g. scrapy-redis: its scheduler has queues of its own.
+        return (
+            f"SCHEDULER is {scheduler!r}, which does not use SCHEDULER_PRIORITY_QUEUE"
+        )
+    queue = settings.get("SCHEDULER_PRIORITY_QUEUE")
+    queue_cls = load_object(queue) if isinstance(queue, str) else queue
+    if not (
+        isinstance(queue_cls, type)
+        and issubclass(queue_cls, ThrottlingAwarePriorityQueue)
+    ):
+        return f"SCHEDULER_PRIORITY_QUEUE is {queue!r}"
+    return None
+
+
 class ThrottlingDownloader(Downloader):
     """Scrapy's downloader without its own throttling, releasing every reservation.
 
@@ -126,7 +255,8 @@ class ThrottlingDownloader(Downloader):
     """
 
     def __init__(self, crawler: Crawler) -> None:
-        super().__init__(crawler)
+        with _scalar_jitter_settings(crawler.settings):
+            super().__init__(crawler)
         self.throttler = get_throttler(crawler)
         # A manager written only to the protocol has no release listeners:
         # the scheduler queue learns of freed slots from this signal instead.
@@ -154,10 +284,18 @@ class ThrottlingDownloader(Downloader):
         return key, slot
 
     def get_slot_key(self, request: Request) -> str:
+        meta = request.meta
+        slot = meta.get(self.DOWNLOAD_SLOT)
+        if slot is not None and slot != meta.get(_SLOT_STAMP_META_KEY):
+            # Another component's slot (scrapy-zyte-api, a proxy rotation
+            # plugin) stays what it is, as with Scrapy's own downloader:
+            # those plugins read it back and would otherwise prefix it again
+            # on every retry. The throttler adds it as a scope.
+            return str(slot)
         key: str = self.throttler.get_slot_key(request)
         # Remember what we stamp into download_slot, so that a retried or
-        # redirected copy is not taken for a user-set slot.
-        request.meta["_throttling_slot_stamp"] = key
+        # redirected copy is not taken for a slot set by another component.
+        meta[_SLOT_STAMP_META_KEY] = key
         return key
 
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Any]:
@@ -207,14 +345,22 @@ class ThrottlingDownloaderMiddleware:
             isinstance(downloader, type)
             and issubclass(downloader, ThrottlingDownloader)
         ):
-            raise ValueError(
+            error = ValueError(
                 f"Invalid DOWNLOADER value {crawler.settings.get('DOWNLOADER')!r}: "
                 "scrapy-adaptive-throttle needs "
                 "scrapy_adaptive_throttle.ThrottlingDownloader (or a subclass) so that "
-                "throttling reservations are always released. Enable the add-on or "
-                "see the manual setup in the docs."
+                "throttling reservations are always released. Enable the add-on "
+                "(and remove DOWNLOADER from your settings) or see the manual "
+                "setup in the docs."
             )
+            report_invalid_setting(error)
+            raise error
         crawler.signals.connect(self._spider_opened, signal=signals.spider_opened)
+        self._redirect_max_delay = (
+            ThrottlingSettings.from_crawler(crawler).redirect_max_delay
+            if crawler.settings.getbool("REDIRECT_ENABLED")
+            else 0.0
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -245,6 +391,8 @@ class ThrottlingDownloaderMiddleware:
     async def process_response(self, request: Request, response: Response) -> Response:
         if "cached" in response.flags:
             return response
+        if 300 <= response.status < 400:
+            self._hold_redirect(request, response)
         if response.request is None:
             response.request = request
         try:
@@ -259,6 +407,31 @@ class ThrottlingDownloaderMiddleware:
                 self.crawler.stats,
             )
         return response
+
+    def _hold_redirect(self, request: Request, response: Response) -> None:
+        """Hold the request RedirectMiddleware builds from a redirect with a
+        ``Retry-After`` header for that long, at most
+        :setting:`REDIRECT_MAX_DELAY` seconds (RFC 9110: on a 3xx it is the
+        minimum time to wait before issuing the redirected request).
+
+        The hold is a :reqmeta:`throttling_delay` in the meta that the
+        redirected request copies; the bookkeeping of an earlier one is reset
+        so that it applies again.
+        """
+        if (
+            self._redirect_max_delay <= 0
+            or response.status not in _REDIRECT_CODES
+            or b"Location" not in response.headers
+            or request.meta.get("dont_redirect")
+        ):
+            return
+        delay = parse_retry_after(response.headers.get(b"Retry-After"), time.time())
+        if not delay:
+            return
+        meta = request.meta
+        meta["throttling_delay"] = min(delay, self._redirect_max_delay)
+        meta.pop(_DELAYED_META_KEY, None)
+        meta.pop(_DELAY_DEADLINE_META_KEY, None)
 
     async def process_exception(self, request: Request, exception: Exception) -> None:
         if isinstance(exception, IgnoreRequest):

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 from scrapy import Request
-from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import (
@@ -129,12 +128,11 @@ def test_throttling_scopes_meta_wins_and_slot_key_is_sorted() -> None:
     assert throttler.get_slot_key(request) == "a+b"
 
 
-def test_user_set_download_slot_is_deprecated_but_used() -> None:
+def test_a_download_slot_set_by_another_component_is_an_added_scope() -> None:
     throttler, _ = manager()
     request = Request("https://example.com/", meta={"download_slot": "legacy"})
-    with pytest.warns(ScrapyDeprecationWarning, match="download_slot"):
-        assert throttler.get_request_scopes(request) == "legacy"
-    # A value the downloader stamped itself is not user intent.
+    assert throttler.get_request_scopes(request) == ["example.com", "legacy"]
+    # A value the downloader stamped itself is not another component's slot.
     stamped = Request(
         "https://other.example/",
         meta={"download_slot": "example.com", "_throttling_slot_stamp": "example.com"},
