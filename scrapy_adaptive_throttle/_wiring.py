@@ -31,6 +31,7 @@ from ._containment import (
     report,
     take_failure,
 )
+from ._queue_gate import missing_manager_methods, queue_gate
 from ._settings import ThrottlingSettings
 
 if TYPE_CHECKING:
@@ -40,10 +41,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
-
-#: Signal sent with ``request`` after the downloader released the throttling
-#: reservation of a request, when the manager has no release listeners.
-request_released = object()
 
 #: Meta key removed before every download so that a ``download_latency``
 #: copied from another request (retries, redirects) is never read as ours.
@@ -57,7 +54,9 @@ def get_throttler(crawler: Crawler) -> Any:
     A :setting:`THROTTLING_MANAGER` class that only resolves scopes (it has
     ``get_request_scopes`` or ``get_scopes`` but no ``acquire``, like the
     reference chapter's tldextract examples) is plugged into the default
-    manager as its scope resolver.
+    manager as its scope resolver. A class with ``acquire`` must implement
+    every method of the protocol that the add-on calls; a :exc:`ValueError`
+    naming the setting and the missing methods says otherwise, at start-up.
     """
     throttler = getattr(crawler, "throttler", None)
     if throttler is not None:
@@ -65,6 +64,14 @@ def get_throttler(crawler: Crawler) -> Any:
     config = ThrottlingSettings.from_crawler(crawler)
     cls = config.manager_cls
     if hasattr(cls, "acquire"):
+        missing = missing_manager_methods(cls)
+        if missing:
+            raise ValueError(
+                f"Invalid THROTTLING_MANAGER value "
+                f"{crawler.settings.get('THROTTLING_MANAGER')!r}: it does not "
+                "implement ThrottlingManagerProtocol (missing: "
+                f"{', '.join(missing)})"
+            )
         throttler = build_from_crawler(cls, crawler)
     else:
         from ._manager import ThrottlingManager
@@ -128,9 +135,9 @@ class ThrottlingDownloader(Downloader):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         self.throttler = get_throttler(crawler)
-        # A manager written only to the protocol has no release listeners:
-        # the scheduler queue learns of freed slots from this signal instead.
-        self._signal_release = not hasattr(self.throttler, "add_release_listener")
+        # The manager itself, or an adapter that also tells the scheduler
+        # queue when a protocol-only manager frees a slot.
+        self._release = queue_gate(crawler, self.throttler).release
         self.domain_concurrency = sys.maxsize
         self.ip_concurrency = 0
         self._delay = 0.0
@@ -177,11 +184,7 @@ class ThrottlingDownloader(Downloader):
 
     def _done(self, result: Any, request: Request) -> Any:
         self.active.discard(request)
-        self.throttler.release(request)
-        if self._signal_release:
-            self.crawler.signals.send_catch_log(
-                signal=request_released, request=request
-            )
+        self._release(request)
         return result
 
 
