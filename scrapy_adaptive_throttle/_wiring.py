@@ -31,7 +31,11 @@ from ._containment import (
     report,
     take_failure,
 )
-from ._queue_gate import missing_manager_methods, queue_gate
+from ._queue_gate import (
+    missing_manager_methods,
+    missing_scope_manager_methods,
+    queue_gate,
+)
 from ._settings import ThrottlingSettings
 
 if TYPE_CHECKING:
@@ -62,6 +66,7 @@ def get_throttler(crawler: Crawler) -> Any:
     if throttler is not None:
         return throttler
     config = ThrottlingSettings.from_crawler(crawler)
+    _check_scope_managers(crawler, config)
     cls = config.manager_cls
     if hasattr(cls, "acquire"):
         missing = missing_manager_methods(cls)
@@ -80,6 +85,30 @@ def get_throttler(crawler: Crawler) -> Any:
     crawler.throttler = throttler  # type: ignore[attr-defined]
     _log_configuration(config, throttler)
     return throttler
+
+
+def _check_scope_managers(crawler: Crawler, config: ThrottlingSettings) -> None:
+    """Fail at start-up on a scope-manager class that cannot throttle."""
+    classes = [
+        (
+            "THROTTLING_SCOPE_MANAGER",
+            crawler.settings.get("THROTTLING_SCOPE_MANAGER"),
+            config.scope_manager_cls,
+        )
+    ]
+    classes.extend(
+        (f"THROTTLING_SCOPES[{scope_id!r}]['manager']", scope.manager, scope.manager)
+        for scope_id, scope in config.scopes.items()
+        if scope.manager is not None
+    )
+    for setting, value, cls in classes:
+        missing = missing_scope_manager_methods(cls)
+        if missing:
+            raise ValueError(
+                f"Invalid {setting} value {value!r}: it does not implement "
+                "ThrottlingScopeManagerProtocol (missing: "
+                f"{', '.join(missing)})"
+            )
 
 
 def _with_resolver(base: type, resolver_cls: type, crawler: Crawler) -> Any:

@@ -1,12 +1,15 @@
 """A THROTTLING_MANAGER written only to the documented protocol.
 
 Nothing of the plugin's own manager: per-host concurrency
-(``PROTOCOL_MANAGER_LIMIT``, default 2), no delay, no backoff. It shows that
-the add-on's scheduler queue and downloader need nothing beyond the protocol.
+(``PROTOCOL_MANAGER_LIMIT``, default 2), an optional spacing between two sends
+to a host counted from the send (``PROTOCOL_MANAGER_DELAY``, seconds, default
+0), no backoff. It shows that the add-on's scheduler queue and downloader need
+nothing beyond the protocol.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -23,6 +26,8 @@ class ProtocolOnlyManager:
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
         self.limit = crawler.settings.getint("PROTOCOL_MANAGER_LIMIT", 2)
+        self.delay = crawler.settings.getfloat("PROTOCOL_MANAGER_DELAY", 0.0)
+        self.next_send: defaultdict[str, float] = defaultdict(float)
         self.active: defaultdict[str, int] = defaultdict(int)
         self.reserved: dict[Request, str] = {}
         self.max_active = 0
@@ -50,10 +55,15 @@ class ProtocolOnlyManager:
         return None
 
     def is_ready(self, request: Request) -> bool:
-        return self.active[self._scope(request)] < self.limit
+        scope = self._scope(request)
+        return (
+            self.active[scope] < self.limit
+            and time.monotonic() >= self.next_send[scope]
+        )
 
     def reserve(self, request: Request) -> None:
         scope = self._scope(request)
+        self.next_send[scope] = time.monotonic() + self.delay
         self.active[scope] += 1
         self.max_active = max(self.max_active, self.active[scope])
         self.reserved[request] = scope
@@ -71,7 +81,8 @@ class ProtocolOnlyManager:
             self.active[scope] -= 1
 
     def get_time_until_ready(self, request: Request) -> float | None:
-        return None
+        wait = self.next_send[self._scope(request)] - time.monotonic()
+        return wait if wait > 0 else None
 
     def get_slot_key(self, request: Request) -> str:
         return self._scope(request)
