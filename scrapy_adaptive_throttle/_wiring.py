@@ -253,10 +253,13 @@ class ThrottlingDownloaderMiddleware:
         return cls(crawler)
 
     async def _spider_opened(self) -> None:
-        initial = getattr(self.throttler, "get_initial_backoff", None)
-        if initial is None:
+        from ._manager import ThrottlingManager
+
+        # The protocol leaves applying get_initial_backoff() to the manager
+        # (the pull request never calls it); the plugin's manager does it here.
+        if not isinstance(self.throttler, ThrottlingManager):
             return
-        data = await initial()
+        data = await self.throttler.get_initial_backoff()
         if data:
             self.throttler.apply_backoff(data, cause="initial")
 
