@@ -111,19 +111,29 @@ class QueueGate(Protocol):
 _GATES: weakref.WeakKeyDictionary[Crawler, QueueGate] = weakref.WeakKeyDictionary()
 
 
-def queue_gate(crawler: Crawler, throttler: Any) -> QueueGate:
-    """The :class:`QueueGate` of *throttler* (``crawler.throttler``)."""
-    known = _GATES.get(crawler)
-    if known is not None:
-        return known
-    from ._manager import ThrottlingManager
+def queue_gate(
+    crawler: Crawler, throttler: Any, *, releasing: bool = False
+) -> QueueGate:
+    """The :class:`QueueGate` of *throttler* (``crawler.throttler``).
 
-    gate: QueueGate = (
-        throttler
-        if isinstance(throttler, ThrottlingManager)
-        else ProtocolManagerGate(throttler)
-    )
-    _GATES[crawler] = gate
+    The downloader passes ``releasing=True``: it releases every request
+    through the gate, so the queue hears of each freed slot. Without it (the
+    plugin's queue with a downloader of Scrapy's own throttling, which
+    releases through the manager), a request blocked by a protocol-only
+    manager is looked at again every :data:`PROTOCOL_RECHECK_INTERVAL`.
+    """
+    gate = _GATES.get(crawler)
+    if gate is None:
+        from ._manager import ThrottlingManager
+
+        gate = (
+            throttler
+            if isinstance(throttler, ThrottlingManager)
+            else ProtocolManagerGate(throttler)
+        )
+        _GATES[crawler] = gate
+    if releasing and isinstance(gate, ProtocolManagerGate):
+        gate.releases_seen = True
     return gate
 
 
@@ -167,6 +177,9 @@ class ProtocolManagerGate:
 
     def __init__(self, throttler: Any) -> None:
         self.throttler = throttler
+        #: Whether every release goes through :meth:`release` (the plugin's
+        #: downloader), so that waiting for one is safe.
+        self.releases_seen = False
         self.quotas: Mapping[ScopeID, float] = {}
         self._is_ready = throttler.is_ready
         self._time_until_ready = throttler.get_time_until_ready
@@ -199,7 +212,7 @@ class ProtocolManagerGate:
         if wait > 0:
             return wait, None
         scope = self._busiest(scope_values)
-        if not self._in_flight.get(scope):
+        if not self.releases_seen or not self._in_flight.get(scope):
             # Nothing in flight will free it: look again soon instead.
             return PROTOCOL_RECHECK_INTERVAL, None
         return 0.0, scope

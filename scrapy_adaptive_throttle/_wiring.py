@@ -166,7 +166,7 @@ class ThrottlingDownloader(Downloader):
         self.throttler = get_throttler(crawler)
         # The manager itself, or an adapter that also tells the scheduler
         # queue when a protocol-only manager frees a slot.
-        self._release = queue_gate(crawler, self.throttler).release
+        self._release = queue_gate(crawler, self.throttler, releasing=True).release
         self.domain_concurrency = sys.maxsize
         self.ip_concurrency = 0
         self._delay = 0.0

@@ -189,3 +189,29 @@ async def test_the_stand_in_crawls_without_the_addon(simhosts):
         "tests.native_scrapy.ThrottlingScopeManager"
     }
     assert hosts.stats("A")["max_concurrency"] <= 16
+
+
+@deferred_f_from_coro_f
+async def test_the_plugins_queue_chosen_explicitly_works_with_scrapys_manager(
+    simhosts,
+):
+    # The add-on leaves the scheduler to Scrapy, but a user may still pick the
+    # plugin's queue: it then talks to Scrapy's manager through the protocol
+    # (releases go through Scrapy's engine, not the plugin's downloader, so
+    # blocked requests are looked at again on a timer) and never hangs.
+    hosts, result = _native_crawl(
+        "asyncio",
+        simhosts,
+        {
+            "ADDONS": ADDON,
+            "SCHEDULER_PRIORITY_QUEUE": (
+                "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
+            ),
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 4,
+            "THROTTLING_SCOPE_MANAGER": "scrapy.throttling.ThrottlingScopeManager",
+        },
+        depth=2,
+    )
+    assert result["throttler_class"] == "tests.native_scrapy.ThrottlingManager"
+    assert hosts.stats("A")["max_concurrency"] == 4
+    assert hosts.stats("B")["max_concurrency"] <= 4

@@ -76,9 +76,27 @@ def test_a_protocol_only_manager_gets_the_adapter_once_per_crawler():
     assert queue_gate(crawler, manager) is gate
 
 
-def test_ready_time_gated_and_blocked_heads():
+def _gate(manager):
+    gate = ProtocolManagerGate(manager)
+    gate.releases_seen = True  # as with the plugin's downloader
+    return gate
+
+
+def test_without_the_plugins_downloader_a_blocked_head_is_polled():
     manager = ScriptedManager()
     gate = ProtocolManagerGate(manager)
+    gate.reserve_scopes(_request(), VALUES, 0.0)
+    manager.ready = False
+    # No release will come through the gate: never wait for one.
+    assert gate.check_scopes(VALUES, 0.0, _request()) == (
+        PROTOCOL_RECHECK_INTERVAL,
+        None,
+    )
+
+
+def test_ready_time_gated_and_blocked_heads():
+    manager = ScriptedManager()
+    gate = _gate(manager)
     head = _request()
     assert gate.check_scopes(VALUES, 0.0, head) == (0.0, None)
     manager.ready, manager.time_until_ready = False, 1.5
@@ -94,7 +112,7 @@ def test_ready_time_gated_and_blocked_heads():
 
 def test_release_frees_the_reservation_and_wakes_each_scope():
     manager = ScriptedManager()
-    gate = ProtocolManagerGate(manager)
+    gate = _gate(manager)
     woken = []
     gate.add_release_listener(woken.append)
     request = _request()
@@ -113,7 +131,7 @@ def test_release_frees_the_reservation_and_wakes_each_scope():
 
 def test_a_request_sent_through_acquire_still_wakes_its_scopes():
     manager = ScriptedManager()
-    gate = ProtocolManagerGate(manager)
+    gate = _gate(manager)
     woken = []
     gate.add_release_listener(woken.append)
     gate.release(_request(("c",)))
