@@ -301,7 +301,7 @@ class ThrottlingAwarePriorityQueue:
 
     def _hold_if_delayed(self, request: Request) -> bool:
         """Hold *request* aside while its ``throttling_delay`` runs."""
-        delay = self.throttler.get_request_delay(request)
+        delay = self.gate.get_request_delay(request)
         if delay <= 0:
             return False
         # Held in memory; at close it goes to its queue with its wall-clock
@@ -430,7 +430,7 @@ class ThrottlingAwarePriorityQueue:
     def _still_delayed(self, request: Request) -> bool:
         """Release and hold aside a request whose ``throttling_delay`` has not
         run out (restored from a job directory before its deadline)."""
-        if self.throttler.get_request_delay(request) <= 0:
+        if self.gate.get_request_delay(request) <= 0:
             return False
         self.gate.release(request)
         self._hold_if_delayed(request)

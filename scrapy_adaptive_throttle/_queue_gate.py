@@ -37,20 +37,18 @@ logger = logging.getLogger(__name__)
 ScopeValues = list[tuple[ScopeID, "float | None"]]
 ReleaseListener = Callable[[ScopeID], None]
 
-#: The methods of ThrottlingManagerProtocol that the add-on calls: a
-#: THROTTLING_MANAGER lacking one fails at start-up, not at its first request.
+#: The methods of ThrottlingManagerProtocol without which the add-on cannot
+#: throttle: a THROTTLING_MANAGER lacking one fails at start-up, not at its
+#: first request. The others are used when present (see ProtocolManagerGate).
 REQUIRED_MANAGER_METHODS = (
     "get_scopes",
     "acquire",
     "release",
-    "is_ready",
-    "reserve",
-    "get_time_until_ready",
-    "get_slot_key",
-    "get_request_delay",
     "process_response",
     "process_exception",
 )
+#: What the scheduler queue needs to hand out only sendable requests.
+QUEUE_CHECK_METHODS = ("is_ready", "get_time_until_ready", "reserve")
 
 #: The scope a protocol-only manager's request waits on when it has no
 #: scope: woken by every release.
@@ -95,6 +93,9 @@ class QueueGate(Protocol):
 
     def get_request_delay(self, request: Request, now: float | None = None) -> float:
         """Remaining ``throttling_delay`` of *request*."""
+
+    def get_slot_key(self, request: Request) -> str:
+        """The scopes of *request* as one string (the downloader's slot key)."""
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
         """Whether *scope_id* has room for one more request now."""
@@ -171,6 +172,13 @@ class ProtocolManagerGate:
     could free that slot, is looked at again after
     :data:`PROTOCOL_RECHECK_INTERVAL`, so that a crawl never hangs on a
     manager whose reasons the queue cannot see.
+
+    Only :data:`REQUIRED_MANAGER_METHODS` are required. Without
+    ``is_ready``, ``get_time_until_ready`` or ``reserve`` the queue hands
+    requests out in order and the manager's ``acquire`` holds them at the
+    downloader gate (head-of-line blocking, said once at start-up); without
+    ``get_request_delay`` there is no per-request delay, and without
+    ``get_slot_key`` the slot key is the request's scopes joined by ``+``.
     """
 
     needs_head = True
@@ -181,14 +189,27 @@ class ProtocolManagerGate:
         #: downloader), so that waiting for one is safe.
         self.releases_seen = False
         self.quotas: Mapping[ScopeID, float] = {}
-        self._is_ready = throttler.is_ready
-        self._time_until_ready = throttler.get_time_until_ready
-        self._reserve = throttler.reserve
         self._release = throttler.release
-        self.get_request_delay = throttler.get_request_delay
-        # Optional: the protocol's get_scope_load picks the scope to wait on,
-        # and a manager of the plugin's kind may resolve scopes without a
-        # coroutine.
+        # Optional: the queue's checks, the per-request delay, the slot key
+        # and the scope load (which picks the scope to wait on); a manager
+        # of the plugin's kind may also resolve scopes without a coroutine.
+        self._is_ready = getattr(throttler, "is_ready", None)
+        self._time_until_ready = getattr(throttler, "get_time_until_ready", None)
+        self._reserve = getattr(throttler, "reserve", None)
+        self.checks = not any(
+            getattr(throttler, name, None) is None for name in QUEUE_CHECK_METHODS
+        )
+        if not self.checks:
+            logger.warning(
+                "THROTTLING_MANAGER %s has no %s: the throttling-aware scheduler "
+                "queue cannot tell which requests are sendable, so requests wait "
+                "at the downloader gate (acquire) and a throttled scope may hold "
+                "back others (head-of-line blocking).",
+                _name(throttler),
+                " / ".join(QUEUE_CHECK_METHODS),
+            )
+        self._request_delay = getattr(throttler, "get_request_delay", None)
+        self._slot_key = getattr(throttler, "get_slot_key", None)
         self._scope_load = getattr(throttler, "get_scope_load", None)
         self._resolve_now = getattr(throttler, "resolve_scopes_now", None)
         self._listeners: list[ReleaseListener] = []
@@ -202,10 +223,24 @@ class ProtocolManagerGate:
             return self._resolve_now(request)  # type: ignore[no-any-return]
         return resolve_with_get_scopes(self.throttler, request)
 
+    def get_request_delay(self, request: Request, now: float | None = None) -> float:
+        if self._request_delay is None:
+            return 0.0
+        return float(self._request_delay(request))
+
+    def get_slot_key(self, request: Request) -> str:
+        if self._slot_key is not None:
+            return str(self._slot_key(request))
+        return "+".join(sorted(_scope_ids(request.meta.get(RESOLVED_SCOPES_META_KEY))))
+
     def check_scopes(
         self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
         assert head is not None, "ProtocolManagerGate needs the head request"
+        if not self.checks:
+            return 0.0, None  # acquire() holds it at the downloader gate
+        assert self._is_ready is not None
+        assert self._time_until_ready is not None
         if self._is_ready(head):
             return 0.0, None
         wait = self._time_until_ready(head) or 0.0
@@ -228,6 +263,8 @@ class ProtocolManagerGate:
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
     ) -> None:
+        if not self.checks or self._reserve is None:
+            return  # acquire() reserves it at the downloader gate
         self._reserve(request)
         scopes = [scope for scope, _ in scope_values] or [ANY_SCOPE]
         self._reserved[request] = scopes
@@ -265,6 +302,11 @@ class ProtocolManagerGate:
     def remove_release_listener(self, listener: ReleaseListener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
+
+
+def _name(component: object) -> str:
+    cls = type(component)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _scope_ids(scopes: RequestScopes) -> list[ScopeID]:

@@ -166,7 +166,9 @@ class ThrottlingDownloader(Downloader):
         self.throttler = get_throttler(crawler)
         # The manager itself, or an adapter that also tells the scheduler
         # queue when a protocol-only manager frees a slot.
-        self._release = queue_gate(crawler, self.throttler, releasing=True).release
+        gate = queue_gate(crawler, self.throttler, releasing=True)
+        self._release = gate.release
+        self._slot_key = gate.get_slot_key
         self.domain_concurrency = sys.maxsize
         self.ip_concurrency = 0
         self._delay = 0.0
@@ -190,7 +192,7 @@ class ThrottlingDownloader(Downloader):
         return key, slot
 
     def get_slot_key(self, request: Request) -> str:
-        key: str = self.throttler.get_slot_key(request)
+        key = self._slot_key(request)
         # Remember what we stamp into download_slot, so that a retried or
         # redirected copy is not taken for a user-set slot.
         request.meta["_throttling_slot_stamp"] = key

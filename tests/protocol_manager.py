@@ -107,3 +107,43 @@ class ProtocolOnlyManager:
 
     async def process_exception(self, request: Request, exception: Exception) -> None:
         pass
+
+
+class MinimalManager:
+    """Only what issue 10 calls the protocol's core: ``get_scopes``,
+    ``acquire``, ``release``, ``process_response``, ``process_exception``.
+
+    Per-host concurrency (``PROTOCOL_MANAGER_LIMIT``, default 2) enforced in
+    ``acquire`` alone: the scheduler queue cannot ask it whether a request
+    is ready, so requests wait at the downloader gate.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.limit = crawler.settings.getint("PROTOCOL_MANAGER_LIMIT", 2)
+        self.active: defaultdict[str, int] = defaultdict(int)
+        self.reserved: dict[Request, str] = {}
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> MinimalManager:
+        return cls(crawler)
+
+    async def get_scopes(self, request: Request) -> Any:
+        return urlparse_cached(request).netloc
+
+    async def acquire(self, request: Request) -> None:
+        scope = urlparse_cached(request).netloc
+        while self.active[scope] >= self.limit:
+            await sleep(0.01)
+        self.active[scope] += 1
+        self.reserved[request] = scope
+
+    def release(self, request: Request) -> None:
+        scope = self.reserved.pop(request, None)
+        if scope is not None:
+            self.active[scope] -= 1
+
+    async def process_response(self, response: Response) -> None:
+        pass
+
+    async def process_exception(self, request: Request, exception: Exception) -> None:
+        pass

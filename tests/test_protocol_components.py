@@ -139,7 +139,8 @@ async def test_a_scope_manager_with_only_the_required_methods_crawls_to_the_end(
             {"THROTTLING_MANAGER": "tests.protocol_scope_manager.NotAManager"},
             "Invalid THROTTLING_MANAGER value "
             "'tests.protocol_scope_manager.NotAManager': it does not implement "
-            "ThrottlingManagerProtocol (missing: get_scopes, release",
+            "ThrottlingManagerProtocol (missing: get_scopes, release, "
+            "process_response, process_exception)",
         ),
         (
             {
@@ -174,3 +175,27 @@ async def test_a_class_that_is_not_the_protocol_fails_at_start_up(
     assert message in str(raised.value)
     # Nothing was sent.
     assert hosts.stats("A")["requests"] == 0
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_a_manager_with_only_the_core_methods_crawls_to_the_end(
+    simhosts, reactor
+):
+    # get_scopes, acquire, release, process_response, process_exception: the
+    # queue hands requests out as they come and acquire() holds them.
+    hosts = _two_hosts(simhosts, service_time=0.02)
+    result = await _crawl(
+        reactor,
+        {
+            "THROTTLING_MANAGER": "tests.protocol_manager.MinimalManager",
+            "CONCURRENT_REQUESTS": 16,
+        },
+        [hosts.url("A"), hosts.url("B")],
+        depth=2,
+        fanout=4,
+        child_hosts=[hosts.url("A"), hosts.url("B")],
+    )
+    assert len(result["responses"]) == 2 * 21
+    assert hosts.stats("A")["max_concurrency"] == 2
+    assert hosts.stats("B")["max_concurrency"] == 2

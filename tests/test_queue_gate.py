@@ -157,11 +157,24 @@ def test_scopes_resolve_without_a_coroutine_when_get_scopes_does_not_wait():
     ("cls", "missing"),
     [
         (ProtocolOnlyManager, []),
-        (
-            ScriptedManager,
-            ["acquire", "get_slot_key", "process_response", "process_exception"],
-        ),
+        (ScriptedManager, ["acquire", "process_response", "process_exception"]),
     ],
 )
 def test_missing_manager_methods(cls, missing):
     assert missing_manager_methods(cls) == missing
+
+
+def test_without_queue_checks_the_queue_hands_out_and_acquire_holds(caplog):
+    from tests.protocol_manager import MinimalManager
+
+    manager = MinimalManager(get_crawler(settings_dict={}))
+    with caplog.at_level("WARNING"):
+        gate = ProtocolManagerGate(manager)
+    assert "head-of-line blocking" in caplog.text
+    assert gate.check_scopes(VALUES, 0.0, _request()) == (0.0, None)
+    request = _request()
+    gate.reserve_scopes(request, VALUES, 0.0)
+    assert manager.reserved == {}  # acquire() will reserve it
+    # Slot key from the resolved scopes when the manager has none.
+    assert gate.get_slot_key(_request(("b", "a"))) == "a+b"
+    assert gate.get_request_delay(_request()) == 0.0
