@@ -58,9 +58,11 @@ def get_throttler(crawler: Crawler) -> Any:
     A :setting:`THROTTLING_MANAGER` class that only resolves scopes (it has
     ``get_request_scopes`` or ``get_scopes`` but no ``acquire``, like the
     reference chapter's tldextract examples) is plugged into the default
-    manager as its scope resolver. A class with ``acquire`` must implement
-    every method of the protocol that the add-on calls; a :exc:`ValueError`
-    naming the setting and the missing methods says otherwise, at start-up.
+    manager as its scope resolver. A class with ``acquire`` must also have
+    ``get_scopes``, ``release``, ``process_response`` and
+    ``process_exception`` (the rest of the protocol is optional, see
+    ``_queue_gate.py``); a :exc:`ValueError` naming the setting and the
+    missing methods says otherwise, at start-up.
     """
     throttler = getattr(crawler, "throttler", None)
     if throttler is not None:
