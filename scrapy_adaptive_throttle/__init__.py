@@ -7,6 +7,7 @@ from ._containment import ThrottlingComponentError
 from ._explain import Explanation, ScopeExplanation
 from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
+from ._native import LatencySampleMiddleware
 from ._pqueue import ThrottlingAwarePriorityQueue
 from ._scope_manager import ThrottlingScopeManager
 from ._types import (
@@ -33,6 +34,7 @@ __all__ = [
     "BackoffData",
     "BackoffScopeData",
     "Explanation",
+    "LatencySampleMiddleware",
     "LatencyScopeManager",
     "RampupConfig",
     "RequestScopes",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import load_object
 
+from ._native import native_throttling, scrapy_owned_settings
 from ._settings import DEFAULTS
 
 if TYPE_CHECKING:
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 _DOWNLOADER = "scrapy_adaptive_throttle.ThrottlingDownloader"
 _PRIORITY_QUEUE = "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
 _MIDDLEWARE = "scrapy_adaptive_throttle.ThrottlingDownloaderMiddleware"
+_LATENCY_MIDDLEWARE = "scrapy_adaptive_throttle.LatencySampleMiddleware"
 _LATENCY_SCOPE_MANAGER = "scrapy_adaptive_throttle.LatencyScopeManager"
 _DIAGNOSTICS = "scrapy_adaptive_throttle._diagnostics.ThrottlingDiagnostics"
 #: After HttpCacheMiddleware (900): cache hits never wait nor back off, and
@@ -40,11 +42,23 @@ class Addon:
     :class:`~scrapy_adaptive_throttle.ThrottlingDownloader`, the
     throttling-aware priority queue and the throttling downloader middleware,
     and switches off AutoThrottle (which would throttle a second time).
+
+    On a Scrapy that ships its own throttling (``scrapy.throttling``, see
+    :ref:`native-throttling`) it installs only what that Scrapy lacks: the
+    :class:`~scrapy_adaptive_throttle.LatencyScopeManager` as the default
+    scope manager of Scrapy's own manager,
+    :class:`~scrapy_adaptive_throttle.LatencySampleMiddleware` to feed it
+    latency samples, the defaults of the settings Scrapy does not define,
+    and the diagnostics; and it warns once which of its settings Scrapy now
+    owns.
     """
 
     def update_settings(self, settings: BaseSettings) -> None:
+        native = native_throttling() is not None
+        owned = scrapy_owned_settings(DEFAULTS) if native else []
         for name, value in DEFAULTS.items():
-            settings.setdefault(name, value, priority="default")
+            if name not in owned:
+                settings.setdefault(name, value, priority="default")
         # Adapting to each host is what the plugin is installed for; priority
         # "addon" only replaces the default, never a user's choice.
         settings.set(
@@ -53,6 +67,10 @@ class Addon:
         settings.setdefault_in_component_priority_dict(
             "EXTENSIONS", load_object(_DIAGNOSTICS), 0
         )
+        self._disable_autothrottle(settings)
+        if native:
+            self._plug_into_native(settings, owned)
+            return
         self._set_component(settings, "DOWNLOADER", _DOWNLOADER, {_SCRAPY_DOWNLOADER})
         self._set_component(
             settings,
@@ -63,6 +81,39 @@ class Addon:
         settings.set_in_component_priority_dict(
             "DOWNLOADER_MIDDLEWARES", load_object(_MIDDLEWARE), MIDDLEWARE_PRIORITY
         )
+
+    @staticmethod
+    def _plug_into_native(settings: BaseSettings, owned: list[str]) -> None:
+        """Scrapy throttles itself: add only the latency samples."""
+        # setdefault: a user who switched the middleware off keeps it off.
+        settings.setdefault_in_component_priority_dict(
+            "DOWNLOADER_MIDDLEWARES",
+            load_object(_LATENCY_MIDDLEWARE),
+            MIDDLEWARE_PRIORITY,
+        )
+        from scrapy.settings import default_settings
+
+        differing = [
+            name for name in owned if getattr(default_settings, name) != DEFAULTS[name]
+        ]
+        logger.warning(
+            "This Scrapy has its own throttling (scrapy.throttling): "
+            "scrapy-adaptive-throttle leaves the throttling manager, the "
+            "downloader gate and the scheduler to Scrapy and only plugs "
+            "LatencyScopeManager (THROTTLING_SCOPE_MANAGER, unless you set it) "
+            "and its latency samples into Scrapy's manager. Scrapy now owns "
+            "these settings, with its own defaults: %s%s.",
+            ", ".join(owned) or "none",
+            (
+                f" (Scrapy's default differs from the plugin's for: "
+                f"{', '.join(differing)})"
+                if differing
+                else ""
+            ),
+        )
+
+    @staticmethod
+    def _disable_autothrottle(settings: BaseSettings) -> None:
         if settings.getbool("AUTOTHROTTLE_ENABLED"):
             warnings.warn(
                 "AUTOTHROTTLE_ENABLED is ignored: scrapy-adaptive-throttle throttles "

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._algorithms import LatencyLimit
 from ._decisions import limit_changed
+from ._native import register_latency_scope
 from ._scope_manager import ThrottlingScopeManager
 from ._settings import ThrottlingSettings
 
@@ -100,6 +101,9 @@ class LatencyScopeManager(ThrottlingScopeManager):
         # not a configuration with nothing to adapt.
         if limit.maximum <= limit.minimum and settings.rampup is None:
             self._warn_nothing_to_adapt()
+        # Under Scrapy's own throttling manager, latency samples come from
+        # LatencySampleMiddleware, which finds this scope manager here.
+        register_latency_scope(crawler, self)
 
     # The base class keeps its fixed limit in ``_concurrency``; here that is
     # the ceiling of the adaptive limit, so that anything the base class

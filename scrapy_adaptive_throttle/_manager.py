@@ -103,7 +103,15 @@ class ThrottlingManager:
     Subclass it to change how scopes are assigned (:meth:`get_scopes` or
     the synchronous :meth:`get_request_scopes`) or how backoff is derived
     (:meth:`get_response_backoff`, :meth:`get_exception_backoff`).
+
+    It is also the scheduler queue's gate (the ``QueueGate`` interface of
+    ``_queue_gate.py``: :meth:`resolve_scopes_now`, :meth:`check_scopes`,
+    :meth:`reserve_scopes`, :meth:`release` and release listeners), so the
+    queue calls it without an adapter.
     """
+
+    #: QueueGate: :meth:`check_scopes` needs scopes only, not the request.
+    needs_head = False
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
@@ -128,6 +136,12 @@ class ThrottlingManager:
         self._warned_invalid_delay = False
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
         self._stats = crawler.stats
+        #: QueueGate: the quota of each configured quota scope.
+        self.quotas: dict[ScopeID, float] = {
+            scope_id: scope.quota
+            for scope_id, scope in self.config.scopes.items()
+            if scope.quota
+        }
         if self.config.robotstxt_obey:
             crawler.signals.connect(
                 self._on_robots_parsed, signal=signals.robots_parsed
@@ -310,12 +324,13 @@ class ThrottlingManager:
     # -- readiness -------------------------------------------------------------
 
     def check_scopes(
-        self, scope_values: ScopeValues, now: float
+        self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
         """Return ``(wait, blocked)`` for a request with these scopes.
 
         *wait* is the time until every time gate is open; *blocked* the first
-        scope at its concurrency limit, or ``None``.
+        scope at its concurrency limit, or ``None``. *head* (the request, if
+        the caller has it) is not needed here.
         """
         wait = 0.0
         blocked: ScopeID | None = None
@@ -353,6 +368,13 @@ class ThrottlingManager:
                 raise ScopeManagerError(scope_id, manager, "record_sent", exc) from exc
             reservation.append((scope_id, manager))
         self._reserved[request] = reservation
+
+    def has_free_slot(self, scope_id: ScopeID) -> bool:
+        """Whether *scope_id* has room for one more request now."""
+        try:
+            return not _concurrency_blocked(self.get_scope_manager(scope_id))
+        except Exception:  # reported when a request meets it
+            return True
 
     def is_reserved(self, request: Request) -> bool:
         """Whether *request* holds a reservation (sent, not yet released)."""

@@ -36,11 +36,11 @@ from ._containment import (
     fail_request,
     host_scope,
     report,
-    validate_scopes,
 )
 from ._manager import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
+from ._queue_gate import queue_gate
 from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope_values
-from ._wiring import get_throttler, request_released
+from ._wiring import get_throttler
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from scrapy.utils.asyncio import CallLaterResult
     from typing_extensions import Self
 
-    from ._manager import ScopeValues
+    from ._queue_gate import QueueGate, ScopeValues
 
 logger = logging.getLogger(__name__)
 
@@ -216,34 +216,15 @@ class ThrottlingAwarePriorityQueue:
         #: The request being reserved, for _fail_head if reserving it fails.
         self._reserving: Request | None = None
         self._wakeup_at = float("inf")
-        self._check = getattr(self.throttler, "check_scopes", None)
-        self._reserve = getattr(self.throttler, "reserve_scopes", None)
-        self._resolve_now = getattr(self.throttler, "resolve_scopes_now", None)
-        self._has_quota = (
-            {
-                scope_id
-                for scope_id, config in self.throttler.config.scopes.items()
-                if config.quota
-            }
-            if hasattr(self.throttler, "config")
-            else set()
-        )
-        self._quotas = (
-            {
-                scope_id: config.quota
-                for scope_id, config in self.throttler.config.scopes.items()
-                if config.quota
-            }
-            if hasattr(self.throttler, "config")
-            else {}
-        )
-        listen = getattr(self.throttler, "add_release_listener", None)
-        if listen is not None:
-            listen(self._on_release)
-        else:
-            # A manager written only to the protocol cannot tell us when it
-            # frees a slot; a request leaving the downloader is when it does.
-            crawler.signals.connect(self._on_request_left, signal=request_released)
+        # The manager itself when it is the plugin's (its bound methods: no
+        # adapter on the hot path), else an adapter built from the protocol.
+        self.gate: QueueGate = queue_gate(crawler, self.throttler)
+        self._check = self.gate.check_scopes
+        self._reserve = self.gate.reserve_scopes
+        self._resolve_now = self.gate.resolve_scopes_now
+        self._needs_head = self.gate.needs_head
+        self._quotas = dict(self.gate.quotas)
+        self.gate.add_release_listener(self._on_release)
         for json_key, prios in (startprios or {}).items():
             scopes = json.loads(json_key)
             entry = self._entry(scopes, prios)
@@ -264,8 +245,8 @@ class ThrottlingAwarePriorityQueue:
                 startprios,
                 start_queue_cls=self._start_queue_cls,
             )
-            needs_head = any(scope in self._has_quota for scope in scopes)
             queue.quotas = {s: self._quotas[s] for s in scopes if s in self._quotas}
+            needs_head = self._needs_head or bool(queue.quotas)
             entry = _Entry(key, scopes, queue, needs_head)
             entry.state = _BLOCKED  # not anywhere yet; _make_ready puts it in the heap
             self._entries[key] = entry
@@ -320,7 +301,7 @@ class ThrottlingAwarePriorityQueue:
 
     def _hold_if_delayed(self, request: Request) -> bool:
         """Hold *request* aside while its ``throttling_delay`` runs."""
-        delay = self.throttler.get_request_delay(request)
+        delay = self.gate.get_request_delay(request)
         if delay <= 0:
             return False
         # Held in memory; at close it goes to its queue with its wall-clock
@@ -333,9 +314,7 @@ class ThrottlingAwarePriorityQueue:
 
     def _resolve(self, request: Request) -> Any:
         """The scopes of *request*, or a Deferred firing with them."""
-        if self._resolve_now is not None:
-            return self._resolve_now(request)
-        return _resolve_with_get_scopes(self.throttler, request)
+        return self._resolve_now(request)
 
     def _host_scope(self, request: Request, error: BaseException) -> RequestScopes:
         """Queue *request* with the scope of its host after *error*."""
@@ -451,9 +430,9 @@ class ThrottlingAwarePriorityQueue:
     def _still_delayed(self, request: Request) -> bool:
         """Release and hold aside a request whose ``throttling_delay`` has not
         run out (restored from a job directory before its deadline)."""
-        if self.throttler.get_request_delay(request) <= 0:
+        if self.gate.get_request_delay(request) <= 0:
             return False
-        self.throttler.release(request)
+        self.gate.release(request)
         self._hold_if_delayed(request)
         return True
 
@@ -468,20 +447,11 @@ class ThrottlingAwarePriorityQueue:
             )
         else:
             values = [(scope, None) for scope in entry.scopes]
-        if self._check is not None:
-            wait, blocked = self._check(values, now)
-        else:  # a custom manager implementing only the protocol
-            if head is None:
-                head = entry.queue.peek()
-            assert head is not None
-            ready = self.throttler.is_ready(head)
-            wait = 0.0 if ready else (self.throttler.get_time_until_ready(head) or 0.0)
-            blocked = (
-                None if ready or wait else (entry.scopes[0] if entry.scopes else None)
-            )
+        wait, blocked = self._check(values, now, head)
         request: Request | None
         backfill: tuple[Request, ScopeValues] | None = None
-        if (wait > 0 or blocked is not None) and head is not None and self._check:
+        held = wait > 0 or blocked is not None
+        if held and head is not None and entry.queue.quotas:
             found = self._backfill(entry, head, values, now)
             if isinstance(found, str):
                 # Only quota and a full slot hold the head back: wait for the
@@ -508,10 +478,7 @@ class ThrottlingAwarePriorityQueue:
         assert request is not None
         self._size -= 1
         self._reserving = request
-        if self._reserve is not None:
-            self._reserve(request, values, now)
-        else:
-            self.throttler.reserve(request)
+        self._reserve(request, values, now)
         self._reserving = None
         if len(entry.queue):
             self._make_ready(entry)
@@ -531,8 +498,9 @@ class ThrottlingAwarePriorityQueue:
         concurrency also holds the head back (look again when it frees a
         slot), or ``None``.
         """
-        assert self._check is not None
-        wait, blocked = self._check([(scope, None) for scope, _ in head_values], now)
+        wait, blocked = self._check(
+            [(scope, None) for scope, _ in head_values], now, head
+        )
         if wait > 0:
             return None
         if blocked is not None:
@@ -542,7 +510,7 @@ class ThrottlingAwarePriorityQueue:
             if request is head:
                 continue
             values = list(iter_scope_values(request.meta.get(RESOLVED_SCOPES_META_KEY)))
-            wait, blocked = self._check(values, now)
+            wait, blocked = self._check(values, now, request)
             if wait <= 0 and blocked is None:
                 popped = queue.pop_from(priority, is_start)
                 assert popped is request
@@ -556,18 +524,9 @@ class ThrottlingAwarePriorityQueue:
         blocked = self._blocked
         if not blocked:
             return
-        get_scope_manager = getattr(self.throttler, "get_scope_manager", None)
         for scope in entry.scopes:
-            if scope != skip and scope in blocked:
-                if get_scope_manager is None:
-                    self._on_release(scope)
-                    continue
-                try:
-                    still_blocked = get_scope_manager(scope).concurrency_blocked()
-                except Exception:  # reported when a request meets it
-                    still_blocked = False
-                if not still_blocked:
-                    self._on_release(scope)
+            if scope != skip and scope in blocked and self.gate.has_free_slot(scope):
+                self._on_release(scope)
 
     def _on_release(self, scope_id: ScopeID) -> None:
         waiting = self._blocked.get(scope_id)
@@ -581,10 +540,6 @@ class ThrottlingAwarePriorityQueue:
                 break
         if not waiting:
             del self._blocked[scope_id]
-
-    def _on_request_left(self, request: Request) -> None:
-        for scope in _scope_list(request.meta.get(RESOLVED_SCOPES_META_KEY)):
-            self._on_release(scope)
 
     def _promote_timed(self, now: float) -> None:
         timed = self._timed
@@ -653,13 +608,7 @@ class ThrottlingAwarePriorityQueue:
         if self._wakeup is not None:
             self._wakeup.cancel()
             self._wakeup = None
-        remove = getattr(self.throttler, "remove_release_listener", None)
-        if remove is not None:
-            remove(self._on_release)
-        else:
-            self.crawler.signals.disconnect(
-                self._on_request_left, signal=request_released
-            )
+        self.gate.remove_release_listener(self._on_release)
         while self._delayed:
             # Queued with their wall-clock deadline (not marked as delayed):
             # a resumed crawl holds them again until then (see pop()).
@@ -707,24 +656,3 @@ def _dir_name(text: str) -> str:
 def _name(component: object) -> str:
     cls = type(component)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _resolve_with_get_scopes(throttler: Any, request: Request) -> Any:
-    """Resolve *request*'s scopes with the protocol's ``get_scopes``: its
-    result at once when it does not really await, else a Deferred."""
-    coroutine = throttler.get_scopes(request)
-    try:
-        coroutine.send(None)
-    except StopIteration as stop:
-        scopes = validate_scopes(stop.value, request)
-        request.meta[RESOLVED_SCOPES_META_KEY] = scopes
-        return scopes
-    coroutine.close()
-    from scrapy.utils.defer import deferred_from_coro
-
-    async def resolve() -> RequestScopes:
-        scopes = validate_scopes(await throttler.get_scopes(request), request)
-        request.meta[RESOLVED_SCOPES_META_KEY] = scopes
-        return scopes
-
-    return deferred_from_coro(resolve())

@@ -36,6 +36,11 @@ from ._containment import (
     report,
     take_failure,
 )
+from ._queue_gate import (
+    missing_manager_methods,
+    missing_scope_manager_methods,
+    queue_gate,
+)
 from ._settings import ThrottlingSettings, report_invalid_setting
 
 if TYPE_CHECKING:
@@ -46,10 +51,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
-
-#: Signal sent with ``request`` after the downloader released the throttling
-#: reservation of a request, when the manager has no release listeners.
-request_released = object()
 
 #: Meta key removed before every download so that a ``download_latency``
 #: copied from another request (retries, redirects) is never read as ours.
@@ -70,14 +71,27 @@ def get_throttler(crawler: Crawler) -> Any:
     A :setting:`THROTTLING_MANAGER` class that only resolves scopes (it has
     ``get_request_scopes`` or ``get_scopes`` but no ``acquire``, like the
     reference chapter's tldextract examples) is plugged into the default
-    manager as its scope resolver.
+    manager as its scope resolver. A class with ``acquire`` must also have
+    ``get_scopes``, ``release``, ``process_response`` and
+    ``process_exception`` (the rest of the protocol is optional, see
+    ``_queue_gate.py``); a :exc:`ValueError` naming the setting and the
+    missing methods says otherwise, at start-up.
     """
     throttler = getattr(crawler, "throttler", None)
     if throttler is not None:
         return throttler
     config = ThrottlingSettings.from_crawler(crawler)
+    _check_scope_managers(crawler, config)
     cls = config.manager_cls
     if hasattr(cls, "acquire"):
+        missing = missing_manager_methods(cls)
+        if missing:
+            raise ValueError(
+                f"Invalid THROTTLING_MANAGER value "
+                f"{crawler.settings.get('THROTTLING_MANAGER')!r}: it does not "
+                "implement ThrottlingManagerProtocol (missing: "
+                f"{', '.join(missing)})"
+            )
         throttler = build_from_crawler(cls, crawler)
     else:
         from ._manager import ThrottlingManager
@@ -87,6 +101,30 @@ def get_throttler(crawler: Crawler) -> Any:
     _log_configuration(config, throttler)
     _warn_about_settings_that_undo_it(crawler, config)
     return throttler
+
+
+def _check_scope_managers(crawler: Crawler, config: ThrottlingSettings) -> None:
+    """Fail at start-up on a scope-manager class that cannot throttle."""
+    classes = [
+        (
+            "THROTTLING_SCOPE_MANAGER",
+            crawler.settings.get("THROTTLING_SCOPE_MANAGER"),
+            config.scope_manager_cls,
+        )
+    ]
+    classes.extend(
+        (f"THROTTLING_SCOPES[{scope_id!r}]['manager']", scope.manager, scope.manager)
+        for scope_id, scope in config.scopes.items()
+        if scope.manager is not None
+    )
+    for setting, value, cls in classes:
+        missing = missing_scope_manager_methods(cls)
+        if missing:
+            raise ValueError(
+                f"Invalid {setting} value {value!r}: it does not implement "
+                "ThrottlingScopeManagerProtocol (missing: "
+                f"{', '.join(missing)})"
+            )
 
 
 def _with_resolver(base: type, resolver_cls: type, crawler: Crawler) -> Any:
@@ -258,9 +296,11 @@ class ThrottlingDownloader(Downloader):
         with _scalar_jitter_settings(crawler.settings):
             super().__init__(crawler)
         self.throttler = get_throttler(crawler)
-        # A manager written only to the protocol has no release listeners:
-        # the scheduler queue learns of freed slots from this signal instead.
-        self._signal_release = not hasattr(self.throttler, "add_release_listener")
+        # The manager itself, or an adapter that also tells the scheduler
+        # queue when a protocol-only manager frees a slot.
+        gate = queue_gate(crawler, self.throttler, releasing=True)
+        self._release = gate.release
+        self._slot_key = gate.get_slot_key
         self.domain_concurrency = sys.maxsize
         self.ip_concurrency = 0
         self._delay = 0.0
@@ -292,7 +332,7 @@ class ThrottlingDownloader(Downloader):
             # those plugins read it back and would otherwise prefix it again
             # on every retry. The throttler adds it as a scope.
             return str(slot)
-        key: str = self.throttler.get_slot_key(request)
+        key = self._slot_key(request)
         # Remember what we stamp into download_slot, so that a retried or
         # redirected copy is not taken for a slot set by another component.
         meta[_SLOT_STAMP_META_KEY] = key
@@ -315,11 +355,7 @@ class ThrottlingDownloader(Downloader):
 
     def _done(self, result: Any, request: Request) -> Any:
         self.active.discard(request)
-        self.throttler.release(request)
-        if self._signal_release:
-            self.crawler.signals.send_catch_log(
-                signal=request_released, request=request
-            )
+        self._release(request)
         return result
 
 
@@ -367,10 +403,13 @@ class ThrottlingDownloaderMiddleware:
         return cls(crawler)
 
     async def _spider_opened(self) -> None:
-        initial = getattr(self.throttler, "get_initial_backoff", None)
-        if initial is None:
+        from ._manager import ThrottlingManager
+
+        # The protocol leaves applying get_initial_backoff() to the manager
+        # (the pull request never calls it); the plugin's manager does it here.
+        if not isinstance(self.throttler, ThrottlingManager):
             return
-        data = await initial()
+        data = await self.throttler.get_initial_backoff()
         if data:
             self.throttler.apply_backoff(data, cause="initial")
 

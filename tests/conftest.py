@@ -101,3 +101,36 @@ def spider_modes(request: pytest.FixtureRequest) -> Iterator[str]:
     finally:
         PagesSpider.follow_by_default = False
         PagesSpider.custom_settings = None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--skip-repeats",
+        action="store_true",
+        help=(
+            "Leave out the repeats of a test on the EPoll reactor and in the "
+            "'followed' spider mode: every test still runs once, on the "
+            "asyncio reactor (what .ci/run does on the oldest Scrapy)."
+        ),
+    )
+
+
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    if not config.getoption("--skip-repeats"):
+        return
+    kept: list[pytest.Item] = []
+    repeats: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        repeat = (
+            params.get("reactor") == "epoll"
+            or params.get("spider_modes") == "followed"
+            or "epoll" in item.name
+        )
+        (repeats if repeat else kept).append(item)
+    if repeats:
+        config.hook.pytest_deselected(items=repeats)
+        items[:] = kept

@@ -3,8 +3,9 @@
 For tests that need what a single test process cannot give: another reactor
 (the reactor is installed once per process) or a crawl stopped and resumed
 with ``JOBDIR``. The JSON argument holds ``settings``, ``urls`` and optional
-``metas``, ``stop_after`` (close the crawl after that many responses) and
-``follow`` (``PagesSpider``'s index-page mode);
+``metas``, ``stop_after`` (close the crawl after that many responses),
+``follow`` (``PagesSpider``'s index-page mode) and ``native`` (run on a
+Scrapy with its own throttling: :func:`tests.native_scrapy.install`);
 the process prints one JSON line: ``{"responses": [...], "failures": [...],
 "finish_reason": ..., "reactor": ...}``.
 """
@@ -42,6 +43,10 @@ class StoppingSpider(PagesSpider):
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    if config.get("native"):
+        from tests.native_scrapy import install
+
+        install()
     process = CrawlerProcess({**BASE_SETTINGS, **config["settings"]})
     if config.get("spider") == "follow":
         crawler = process.create_crawler(FollowSpider)
@@ -73,10 +78,35 @@ def main() -> None:
     }
     throttler = getattr(crawler, "throttler", None)
     result["live_scopes"] = len(getattr(throttler, "_scope_managers", ()))
+    result["throttler_class"] = _class_name(throttler)
+    try:
+        result["downloader_class"] = _class_name(crawler.engine.downloader)
+    except (AttributeError, RuntimeError):  # no engine left after the crawl
+        result["downloader_class"] = None
+    result["scope_managers"] = {
+        scope_id: _scope_summary(manager)
+        for scope_id, manager in getattr(throttler, "_scope_managers", {}).items()
+    }
     if isinstance(spider, FollowSpider):
         result["expected"] = sorted(spider.expected_urls())
         result["lost"] = sorted(spider.lost_urls())
     print(json.dumps(result))
+
+
+def _class_name(component: Any) -> str:
+    cls = type(component)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _scope_summary(manager: Any) -> dict[str, Any]:
+    summary: dict[str, Any] = {"class": _class_name(manager)}
+    get_state = getattr(manager, "get_state", None)
+    if get_state is not None:
+        state = get_state()
+        for key in ("limit", "ceiling", "latency_samples", "best_latency"):
+            if key in state:
+                summary[key] = state[key]
+    return summary
 
 
 if __name__ == "__main__":
