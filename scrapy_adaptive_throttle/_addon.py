@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,8 @@ from scrapy.utils.misc import load_object
 
 from ._native import native_throttling, scrapy_owned_settings
 from ._settings import DEFAULTS
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
