@@ -294,6 +294,37 @@ def to_class(
     return loaded
 
 
+#: The methods every scope manager must have: the manager falls back to
+#: defaults for the rest of ``ThrottlingScopeManagerProtocol``, not for these.
+SCOPE_MANAGER_METHODS = ("can_send", "record_sent", "record_done")
+
+
+def to_scope_manager_class(
+    value: Any, setting: str, *, scope: str | None = None, key: str | None = None
+) -> type:
+    """Load a scope manager class, checking it implements the protocol.
+
+    Checked at start-up because the first call would otherwise come with the
+    first request of the scope, deep in the scheduler, where the mistake (a
+    manager class given as a scope manager, say) fails every request of the
+    scope instead of the crawl's start.
+    """
+    cls = to_class(value, setting, scope=scope, key=key)
+    missing = [
+        name for name in SCOPE_MANAGER_METHODS if not callable(getattr(cls, name, None))
+    ]
+    if missing:
+        raise _invalid(
+            setting,
+            scope,
+            key,
+            value,
+            "it does not implement the scope manager protocol "
+            f"(ThrottlingScopeManagerProtocol): no {', '.join(missing)} method",
+        )
+    return cls
+
+
 def to_exceptions(
     value: Any, setting: str, *, scope: str | None = None, key: str | None = None
 ) -> tuple[type[BaseException], ...]:
@@ -496,7 +527,7 @@ class ThrottlingSettings:
         user_agent = read.raw("ROBOTSTXT_USER_AGENT") or read.raw("USER_AGENT") or ""
         return cls(
             manager_cls=to_class(read.raw("THROTTLING_MANAGER"), "THROTTLING_MANAGER"),
-            scope_manager_cls=to_class(
+            scope_manager_cls=to_scope_manager_class(
                 read.raw("THROTTLING_SCOPE_MANAGER"), "THROTTLING_SCOPE_MANAGER"
             ),
             window=window,
@@ -633,7 +664,9 @@ class _Common:
         backoff, codes, exceptions = self._backoff(scope, config.get("backoff"))
         manager: type | None = None
         if config.get("manager") is not None:
-            manager = to_class(config["manager"], setting, scope=scope, key="manager")
+            manager = to_scope_manager_class(
+                config["manager"], setting, scope=scope, key="manager"
+            )
         ignore = False
         if config.get("ignore_robots_txt") is not None:
             ignore = to_bool(
