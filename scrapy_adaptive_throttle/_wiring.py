@@ -177,7 +177,18 @@ class ThrottlingDownloader(Downloader):
 
     def _done(self, result: Any, request: Request) -> Any:
         self.active.discard(request)
-        self.throttler.release(request)
+        try:
+            self.throttler.release(request)
+        except Exception as exc:
+            # The download happened: its response or error must reach the
+            # spider, not an error of the manager's bookkeeping.
+            report(
+                request,
+                f"{_name(self.throttler)}.release()",
+                exc,
+                "its response or error goes on; its slots may stay counted",
+                self.crawler.stats,
+            )
         if self._signal_release:
             self.crawler.signals.send_catch_log(
                 signal=request_released, request=request

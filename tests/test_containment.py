@@ -287,3 +287,49 @@ async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts):
     assert result["finish_reason"] == "finished"
     assert len(result["responses"]) == 8
     assert result["stats"]["throttling/invalid_delay_count"] == 8
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_a_failing_release_still_delivers_the_page(simhosts, reactor):
+    hosts = _two_hosts(simhosts)
+    result = await _crawl(
+        reactor,
+        {"THROTTLING_MANAGER": "tests.faulty_components.ReleaseRaises"},
+        [hosts.url("A")],
+        depth=2,
+        fanout=2,
+    )
+    assert result["lost"] == []
+    assert result["failures"] == []
+    assert len(result["responses"]) == 7
+    assert result["stats"][ERROR_STAT] == 7
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_a_failing_exception_backoff_hook_keeps_the_download_error(
+    simhosts, reactor
+):
+    # Children reset their connection: each is retried, then reaches its
+    # errback with the download error itself, not the hook's.
+    hosts = _two_hosts(simhosts)
+    result = await _crawl(
+        reactor,
+        {
+            "THROTTLING_MANAGER": "tests.faulty_components.ExceptionBackoffRaises",
+            "RETRY_TIMES": 1,
+        },
+        [hosts.url("A")],
+        depth=1,
+        fanout=3,
+        child_query="drop=1",
+    )
+    assert result["lost"] == []
+    assert len(result["responses"]) == 1
+    assert len(result["failures"]) == 3
+    errors = {entry["error"] for entry in result["failures"]}
+    assert "ThrottlingComponentError" not in errors
+    assert errors <= {"ResponseNeverReceived", "ConnectionLost", "DownloadFailedError"}
+    assert result["stats"]["retry/count"] == 3
+    assert result["stats"][ERROR_STAT] >= 6  # every attempt of every child
