@@ -42,9 +42,17 @@ REACTOR_SETTINGS = {
 }
 
 
+#: URLs queued at start, or yielded from an index page's callback (so that
+#: the first run stops with requests a callback queued, not start requests).
+FOLLOW_MODES = pytest.mark.parametrize(
+    "follow", [False, True], ids=["queued", "followed"]
+)
+
+
+@FOLLOW_MODES
 @pytest.mark.parametrize("reactor", REACTORS)
 def test_jobdir_resume_honours_the_remaining_throttling_delay(
-    simhosts, tmp_path, reactor
+    simhosts, tmp_path, reactor, follow
 ):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
     urls = [hosts.url("A", f"/page/{i}") for i in range(4)] + [
@@ -59,6 +67,7 @@ def test_jobdir_resume_honours_the_remaining_throttling_delay(
         "urls": urls,
         "metas": [{}, {}, {}, {}, {"throttling_delay": 6.0}],
         "stop_after": 4,
+        "follow": follow,
     }
     first = crawl_in_process(config)
     assert first["finish_reason"] == "stopped_half_way"
@@ -71,8 +80,11 @@ def test_jobdir_resume_honours_the_remaining_throttling_delay(
     assert arrivals["/delayed"] >= 5.5
 
 
+@FOLLOW_MODES
 @pytest.mark.parametrize("reactor", REACTORS)
-def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path, reactor):
+def test_jobdir_with_long_scope_ids_pauses_and_resumes(
+    simhosts, tmp_path, reactor, follow
+):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
     long_scopes = [f"{'x' * 75}-{n}" for n in range(3)]
     urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
@@ -87,6 +99,7 @@ def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path, react
         "urls": urls,
         "metas": [{"throttling_scopes": long_scopes}] * 20,
         "stop_after": 5,
+        "follow": follow,
     }
     first = crawl_in_process(config)
     assert first["finish_reason"] == "stopped_half_way"
