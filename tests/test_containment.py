@@ -273,8 +273,9 @@ async def test_a_manager_written_only_to_the_protocol_crawls_to_the_end(
     assert hosts.stats("B")["max_concurrency"] == 2
 
 
+@pytest.mark.parametrize("delay", [-1, "nan", "inf", 1e12])
 @deferred_f_from_coro_f
-async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts):
+async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts, delay):
     hosts = _two_hosts(simhosts)
     result = await crawl_follow(
         "epoll",
@@ -282,11 +283,18 @@ async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts):
         [hosts.url("A"), hosts.url("B")],
         depth=1,
         fanout=3,
-        meta={"throttling_delay": 1e12},
+        meta={"throttling_delay": float(delay) if isinstance(delay, str) else delay},
     )
     assert result["finish_reason"] == "finished"
     assert len(result["responses"]) == 8
     assert result["stats"]["throttling/invalid_delay_count"] == 8
+    # One warning for the whole crawl (the log is at WARNING level).
+    warnings = [
+        line
+        for line in result["log"].splitlines()
+        if "WARNING: Ignoring the throttling_delay" in line
+    ]
+    assert len(warnings) == 1, warnings
 
 
 @ON_BOTH_REACTORS
