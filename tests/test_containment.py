@@ -220,6 +220,37 @@ async def test_each_failing_request_is_reported_once_with_its_url(simhosts, capl
     assert sum(record.exc_info is not None for record in caplog.records) <= 2
 
 
+@deferred_f_from_coro_f
+async def test_each_failing_request_is_reported_once_on_the_epoll_reactor(simhosts):
+    # The same crawl in an EPoll process, counted in its log.
+    hosts = _two_hosts(simhosts)
+    result = await _crawl(
+        "epoll",
+        {
+            "THROTTLING_MANAGER": "tests.faulty_components.ScopesRaiseForMarkedURLs",
+            "LOG_LEVEL": "ERROR",
+        },
+        [hosts.url("A"), hosts.url("B"), hosts.url("A")],
+        depth=1,
+        fanout=2,
+        child_query="boom=1",
+        meta={"throttling_scopes": [1, 2]},
+    )
+    assert result["lost"] == []
+    errors = [
+        line
+        for line in result["log"].splitlines()
+        if "[scrapy_adaptive_throttle." in line and "] ERROR: " in line
+    ]
+    urls = [entry["url"] for entry in result["responses"]]
+    assert len(urls) == 9
+    for url in urls:
+        assert sum(url in line for line in errors) == 1, url
+    assert len(errors) == 9
+    assert result["stats"][ERROR_STAT] == 9
+    assert result["log"].count("Traceback (most recent call last)") <= 2
+
+
 @pytest.mark.parametrize("delay", [-1, "nan", "inf", 1e12, True])
 @deferred_f_from_coro_f
 async def test_out_of_range_throttling_delay_is_ignored_with_one_warning(
