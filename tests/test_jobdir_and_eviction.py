@@ -86,7 +86,9 @@ def test_jobdir_with_long_scope_ids_pauses_and_resumes(
     simhosts, tmp_path, reactor, follow
 ):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
-    long_scopes = [f"{'x' * 75}-{n}" for n in range(3)]
+    # Three ids of ~80 characters (a directory name over 255 bytes before
+    # the fix), and one of characters a path must not carry as they are.
+    long_scopes = [f"{'x' * 75}-{n}" for n in range(3)] + ["a/../b\\c:日本語 \n*?\x00"]
     urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
     config = {
         "settings": {
