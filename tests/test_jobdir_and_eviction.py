@@ -36,6 +36,45 @@ async def test_idle_scopes_are_evicted_when_requests_come_from_the_queue(
     assert result["live_scopes"] < 100
 
 
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_scopes_that_backed_off_are_evicted_once_recovered(simhosts, reactor):
+    # Every page answers 503 (no Retry-After): its page scope backs off once
+    # and is never used again. It used to stay backing off, unevictable, for
+    # ever; now it recovers after a quiet BACKOFF_WINDOW, then goes idle.
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.0})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "THROTTLING_MANAGER": "tests.faulty_components.ScopePerPage",
+            "THROTTLING_SCOPE_MANAGER": (
+                "scrapy_adaptive_throttle.ThrottlingScopeManager"
+            ),
+            "THROTTLING_SCOPE_MAX_IDLE": 0.5,
+            "BACKOFF_WINDOW": 0.5,
+            "BACKOFF_MIN_DELAY": 0.01,
+            "BACKOFF_MAX_DELAY": 0.01,
+            "RETRY_ENABLED": False,
+            "CONCURRENT_REQUESTS": 8,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+            "CLOSESPIDER_TIMEOUT": 60,
+        },
+        [hosts.url("A")],
+        depth=3,
+        fanout=5,
+        child_query="status=503&delay=0.2",
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) == 156
+    assert sum(entry["status"] == 503 for entry in result["responses"]) == 155
+    # Counted per scope: each 503 backs off its host's and its page's.
+    assert result["stats"]["throttling/backoff/status/503_count"] == 2 * 155
+    # 157 scopes were used over a few seconds; the recovered idle ones are gone.
+    assert result["live_scopes"] < 100
+
+
 REACTOR_SETTINGS = {
     "asyncio": {},
     "epoll": {"TWISTED_REACTOR": "twisted.internet.epollreactor.EPollReactor"},
