@@ -182,7 +182,8 @@ class InvariantSpider(Spider):
     """Crawl :func:`build_graph`'s graph; record what happened to each page.
 
     Every request of the crawl, whoever made it (start, callback, retry,
-    redirect), is counted at ``request_scheduled`` and ``request_dropped``;
+    redirect), is counted at ``request_scheduled``, ``response_downloaded``
+    and ``request_dropped``;
     every page's end (callback or errback) is recorded with its time.
     """
 
@@ -195,6 +196,7 @@ class InvariantSpider(Spider):
         self.yielded: list[str] = []
         self.outcomes: dict[str, list[dict[str, Any]]] = {}
         self.scheduled: Counter[str] = Counter()
+        self.received: Counter[str] = Counter()
         self.dropped: list[str] = []
         self.closed_at: float | None = None
         self.at_close: dict[str, Any] = {}
@@ -204,11 +206,15 @@ class InvariantSpider(Spider):
         spider = super().from_crawler(crawler, *args, **kwargs)
         crawler.signals.connect(spider._scheduled, signal=signals.request_scheduled)
         crawler.signals.connect(spider._dropped, signal=signals.request_dropped)
+        crawler.signals.connect(spider._received, signal=signals.response_downloaded)
         crawler.signals.connect(spider._closed, signal=signals.spider_closed)
         return spider
 
     def _scheduled(self, request: Request) -> None:
         self.scheduled["\t".join(page_key(request.url))] += 1
+
+    def _received(self, request: Request) -> None:
+        self.received["\t".join(page_key(request.url))] += 1
 
     def _dropped(self, request: Request) -> None:
         self.dropped.append(request.url)
@@ -304,6 +310,7 @@ def collect(crawler: Any) -> dict[str, Any]:
         "yielded": spider.yielded,
         "outcomes": spider.outcomes,
         "scheduled": dict(spider.scheduled),
+        "received": dict(spider.received),
         "dropped": spider.dropped,
         "closed_at": spider.closed_at,
         "at_close": spider.at_close,

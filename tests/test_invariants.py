@@ -11,8 +11,8 @@ runs. After every crawl, on the asyncio and the EPoll reactor:
 
 - **none vanished**: every page yielded ended exactly once, in its callback
   or its errback, before the spider closed; every request scheduled (start,
-  callback, retry, redirect) reached the server, once (requests dropped:
-  none);
+  callback, retry, redirect) reached the server, once, and every answer
+  the server sent reached the engine (requests dropped: none);
 - **nothing held at close**: no reservation and no scope with a request in
   flight, no download active, every request the scheduler took handed out;
 - **limits at the server**: never more than ``CONCURRENT_REQUESTS`` in
@@ -178,6 +178,17 @@ def check_invariants(
             assert count <= arrived[key] <= 2 * count, key
         else:
             assert arrived[key] == count, key
+    # And every answer the servers sent reached the engine.
+    received = Counter(
+        {tuple(key.split("\t")): count for key, count in result["received"].items()}
+    )
+    answered: Counter[tuple[str, str]] = Counter()
+    for name, host_stats in records.items():
+        netloc = hosts.netloc(name)
+        for _, uri, _, status, _ in host_stats["arrivals"]:
+            if status:
+                answered[netloc, uri.split("?", 1)[0]] += 1
+    assert received == answered
 
     # Nothing held at close.
     at_close = result["at_close"]
