@@ -138,20 +138,6 @@ def queue_gate(
     return gate
 
 
-#: The methods of ThrottlingScopeManagerProtocol without which a scope
-#: manager cannot throttle at all; the others are optional (see the docs).
-REQUIRED_SCOPE_MANAGER_METHODS = ("can_send", "record_sent", "record_done")
-
-
-def missing_scope_manager_methods(cls: type) -> list[str]:
-    """The methods of :data:`REQUIRED_SCOPE_MANAGER_METHODS` that *cls* lacks."""
-    return [
-        name
-        for name in REQUIRED_SCOPE_MANAGER_METHODS
-        if not callable(getattr(cls, name, None))
-    ]
-
-
 def missing_manager_methods(cls: type) -> list[str]:
     """The methods of :data:`REQUIRED_MANAGER_METHODS` that *cls* lacks."""
     return [

@@ -372,7 +372,15 @@ class ThrottlingScopeManager:
         nothing in flight and no backoff pending."""
         if self.active:
             return False
-        if self._backoff.in_backoff(now) or self._next_allowed > now:
+        backoff = self._backoff
+        if backoff.level:
+            # Recovery is otherwise applied when the scope is used: one that
+            # nobody sends to any more must recover here, or a single backoff
+            # would keep it from eviction for ever.
+            recovered = backoff.recover(now)
+            if recovered:
+                self._on_recovery(recovered)
+        if backoff.in_backoff(now) or self._next_allowed > now:
             return False
         if self._last_seen is None:
             # Never used: evictable unless changed at run time (e.g. by

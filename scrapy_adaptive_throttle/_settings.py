@@ -340,6 +340,37 @@ def to_class(
     return loaded
 
 
+#: The methods every scope manager must have: the manager falls back to
+#: defaults for the rest of ``ThrottlingScopeManagerProtocol``, not for these.
+SCOPE_MANAGER_METHODS = ("can_send", "record_sent", "record_done")
+
+
+def to_scope_manager_class(
+    value: Any, setting: str, *, scope: str | None = None, key: str | None = None
+) -> type:
+    """Load a scope manager class, checking it implements the protocol.
+
+    Checked at start-up because the first call would otherwise come with the
+    first request of the scope, deep in the scheduler, where the mistake (a
+    manager class given as a scope manager, say) fails every request of the
+    scope instead of the crawl's start.
+    """
+    cls = to_class(value, setting, scope=scope, key=key)
+    missing = [
+        name for name in SCOPE_MANAGER_METHODS if not callable(getattr(cls, name, None))
+    ]
+    if missing:
+        raise _invalid(
+            setting,
+            scope,
+            key,
+            value,
+            "it does not implement ThrottlingScopeManagerProtocol "
+            f"(missing: {', '.join(missing)})",
+        )
+    return cls
+
+
 def to_exceptions(
     value: Any, setting: str, *, scope: str | None = None, key: str | None = None
 ) -> tuple[type[BaseException], ...]:
@@ -505,7 +536,7 @@ class ThrottlingSettings:
             minimum=1,
         )
         window = to_float(read.raw("THROTTLING_WINDOW"), "THROTTLING_WINDOW")
-        scope_manager_cls = to_class(
+        scope_manager_cls = to_scope_manager_class(
             read.raw("THROTTLING_SCOPE_MANAGER"), "THROTTLING_SCOPE_MANAGER"
         )
         common = _Common(
@@ -689,7 +720,9 @@ class _Common:
         setting = "THROTTLING_SCOPES"
         manager: type | None = None
         if config.get("manager") is not None:
-            manager = to_class(config["manager"], setting, scope=scope, key="manager")
+            manager = to_scope_manager_class(
+                config["manager"], setting, scope=scope, key="manager"
+            )
         unknown = set(config) - SCOPE_KEYS - {"id"}
         # A custom scope manager gets its entry whole, its own keys included,
         # and validates them itself; the built-in ones know every key they

@@ -38,7 +38,6 @@ from ._containment import (
 )
 from ._queue_gate import (
     missing_manager_methods,
-    missing_scope_manager_methods,
     queue_gate,
 )
 from ._settings import ThrottlingSettings, report_invalid_setting
@@ -81,7 +80,6 @@ def get_throttler(crawler: Crawler) -> Any:
     if throttler is not None:
         return throttler
     config = ThrottlingSettings.from_crawler(crawler)
-    _check_scope_managers(crawler, config)
     cls = config.manager_cls
     if hasattr(cls, "acquire"):
         missing = missing_manager_methods(cls)
@@ -101,30 +99,6 @@ def get_throttler(crawler: Crawler) -> Any:
     _log_configuration(config, throttler)
     _warn_about_settings_that_undo_it(crawler, config)
     return throttler
-
-
-def _check_scope_managers(crawler: Crawler, config: ThrottlingSettings) -> None:
-    """Fail at start-up on a scope-manager class that cannot throttle."""
-    classes = [
-        (
-            "THROTTLING_SCOPE_MANAGER",
-            crawler.settings.get("THROTTLING_SCOPE_MANAGER"),
-            config.scope_manager_cls,
-        )
-    ]
-    classes.extend(
-        (f"THROTTLING_SCOPES[{scope_id!r}]['manager']", scope.manager, scope.manager)
-        for scope_id, scope in config.scopes.items()
-        if scope.manager is not None
-    )
-    for setting, value, cls in classes:
-        missing = missing_scope_manager_methods(cls)
-        if missing:
-            raise ValueError(
-                f"Invalid {setting} value {value!r}: it does not implement "
-                "ThrottlingScopeManagerProtocol (missing: "
-                f"{', '.join(missing)})"
-            )
 
 
 def _with_resolver(base: type, resolver_cls: type, crawler: Crawler) -> Any:
@@ -355,7 +329,18 @@ class ThrottlingDownloader(Downloader):
 
     def _done(self, result: Any, request: Request) -> Any:
         self.active.discard(request)
-        self._release(request)
+        try:
+            self._release(request)
+        except Exception as exc:
+            # The download happened: its response or error must reach the
+            # spider, not an error of the manager's bookkeeping.
+            report(
+                request,
+                f"{_name(self.throttler)}.release()",
+                exc,
+                "its response or error goes on; its slots may stay counted",
+                self.crawler.stats,
+            )
         return result
 
 

@@ -5,7 +5,8 @@ asyncio reactor), ``epoll`` in a fresh process (``tests.crawl_process``), so
 that every engine-facing test can run on both of Scrapy's usual reactors.
 Both return the same dict: ``responses``, ``failures``, ``expected``,
 ``lost``, ``finish_reason``, ``live_scopes`` (scopes the plugin's manager
-still holds at close) and ``stats`` (numbers and strings only).
+still holds at close) and ``stats`` (numbers and strings only); the EPoll
+crawl also returns its ``log`` (the process's stderr).
 """
 
 from __future__ import annotations
@@ -70,4 +71,7 @@ def crawl_in_process(config: dict[str, Any], timeout: float = 120) -> dict[str, 
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    outcome: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    # The crawl's log, for tests that count log lines on another reactor.
+    outcome["log"] = result.stderr
+    return outcome

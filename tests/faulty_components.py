@@ -69,3 +69,20 @@ class ScopePerPage(ThrottlingManager):
     def get_request_scopes(self, request: Request) -> Any:
         host = super().get_request_scopes(request)
         return [host, "page:" + request.url.split("/follow/", 1)[-1]]
+
+
+class ExceptionBackoffRaises(ThrottlingManager):
+    """A custom manager whose backoff hook fails on every download error."""
+
+    async def get_exception_backoff(
+        self, request: Request, exception: BaseException
+    ) -> Any:
+        raise RuntimeError("get_exception_backoff is broken")
+
+
+class ReleaseRaises(ThrottlingManager):
+    """A custom manager that frees the slots of a request, then fails."""
+
+    def release(self, request: Request) -> None:
+        super().release(request)
+        raise RuntimeError("release is broken")

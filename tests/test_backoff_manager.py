@@ -197,6 +197,16 @@ def test_delay_scope_with_a_scope_manager_without_cap() -> None:
         def record_backoff(self, delay: Any = None, now: Any = None) -> None:
             self.calls.append((delay, now))
 
+        # The three methods every scope manager needs (checked at start-up).
+        def can_send(self, now: Any = None, amount: Any = None) -> float:
+            return 0.0
+
+        def record_sent(self, now: Any = None, amount: Any = None) -> None:
+            pass
+
+        def record_done(self, now: Any = None) -> None:
+            pass
+
     manager, clock = make_manager(THROTTLING_SCOPE_MANAGER=OldScopeManager)
     clock.now = 3.0
     manager.delay_scope(SCOPE, 7)

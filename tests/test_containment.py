@@ -220,6 +220,37 @@ async def test_each_failing_request_is_reported_once_with_its_url(simhosts, capl
     assert sum(record.exc_info is not None for record in caplog.records) <= 2
 
 
+@deferred_f_from_coro_f
+async def test_each_failing_request_is_reported_once_on_the_epoll_reactor(simhosts):
+    # The same crawl in an EPoll process, counted in its log.
+    hosts = _two_hosts(simhosts)
+    result = await _crawl(
+        "epoll",
+        {
+            "THROTTLING_MANAGER": "tests.faulty_components.ScopesRaiseForMarkedURLs",
+            "LOG_LEVEL": "ERROR",
+        },
+        [hosts.url("A"), hosts.url("B"), hosts.url("A")],
+        depth=1,
+        fanout=2,
+        child_query="boom=1",
+        meta={"throttling_scopes": [1, 2]},
+    )
+    assert result["lost"] == []
+    errors = [
+        line
+        for line in result["log"].splitlines()
+        if "[scrapy_adaptive_throttle." in line and "] ERROR: " in line
+    ]
+    urls = [entry["url"] for entry in result["responses"]]
+    assert len(urls) == 9
+    for url in urls:
+        assert sum(url in line for line in errors) == 1, url
+    assert len(errors) == 9
+    assert result["stats"][ERROR_STAT] == 9
+    assert result["log"].count("Traceback (most recent call last)") <= 2
+
+
 @pytest.mark.parametrize("delay", [-1, "nan", "inf", 1e12, True])
 @deferred_f_from_coro_f
 async def test_out_of_range_throttling_delay_is_ignored_with_one_warning(
@@ -273,8 +304,9 @@ async def test_a_manager_written_only_to_the_protocol_crawls_to_the_end(
     assert hosts.stats("B")["max_concurrency"] == 2
 
 
+@pytest.mark.parametrize("delay", [-1, "nan", "inf", 1e12])
 @deferred_f_from_coro_f
-async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts):
+async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts, delay):
     hosts = _two_hosts(simhosts)
     result = await crawl_follow(
         "epoll",
@@ -282,8 +314,61 @@ async def test_out_of_range_throttling_delays_on_the_epoll_reactor(simhosts):
         [hosts.url("A"), hosts.url("B")],
         depth=1,
         fanout=3,
-        meta={"throttling_delay": 1e12},
+        meta={"throttling_delay": float(delay) if isinstance(delay, str) else delay},
     )
     assert result["finish_reason"] == "finished"
     assert len(result["responses"]) == 8
     assert result["stats"]["throttling/invalid_delay_count"] == 8
+    # One warning for the whole crawl (the log is at WARNING level).
+    warnings = [
+        line
+        for line in result["log"].splitlines()
+        if "WARNING: Ignoring the throttling_delay" in line
+    ]
+    assert len(warnings) == 1, warnings
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_a_failing_release_still_delivers_the_page(simhosts, reactor):
+    hosts = _two_hosts(simhosts)
+    result = await _crawl(
+        reactor,
+        {"THROTTLING_MANAGER": "tests.faulty_components.ReleaseRaises"},
+        [hosts.url("A")],
+        depth=2,
+        fanout=2,
+    )
+    assert result["lost"] == []
+    assert result["failures"] == []
+    assert len(result["responses"]) == 7
+    assert result["stats"][ERROR_STAT] == 7
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_a_failing_exception_backoff_hook_keeps_the_download_error(
+    simhosts, reactor
+):
+    # Children reset their connection: each is retried, then reaches its
+    # errback with the download error itself, not the hook's.
+    hosts = _two_hosts(simhosts)
+    result = await _crawl(
+        reactor,
+        {
+            "THROTTLING_MANAGER": "tests.faulty_components.ExceptionBackoffRaises",
+            "RETRY_TIMES": 1,
+        },
+        [hosts.url("A")],
+        depth=1,
+        fanout=3,
+        child_query="drop=1",
+    )
+    assert result["lost"] == []
+    assert len(result["responses"]) == 1
+    assert len(result["failures"]) == 3
+    errors = {entry["error"] for entry in result["failures"]}
+    assert "ThrottlingComponentError" not in errors
+    assert errors <= {"ResponseNeverReceived", "ConnectionLost", "DownloadFailedError"}
+    assert result["stats"]["retry/count"] == 3
+    assert result["stats"][ERROR_STAT] >= 6  # every attempt of every child

@@ -36,15 +36,62 @@ async def test_idle_scopes_are_evicted_when_requests_come_from_the_queue(
     assert result["live_scopes"] < 100
 
 
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_scopes_that_backed_off_are_evicted_once_recovered(simhosts, reactor):
+    # Every page answers 503 (no Retry-After): its page scope backs off once
+    # and is never used again. It used to stay backing off, unevictable, for
+    # ever; now it recovers after a quiet BACKOFF_WINDOW, then goes idle.
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.0})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "THROTTLING_MANAGER": "tests.faulty_components.ScopePerPage",
+            "THROTTLING_SCOPE_MANAGER": (
+                "scrapy_adaptive_throttle.ThrottlingScopeManager"
+            ),
+            "THROTTLING_SCOPE_MAX_IDLE": 0.5,
+            "BACKOFF_WINDOW": 0.5,
+            "BACKOFF_MIN_DELAY": 0.01,
+            "BACKOFF_MAX_DELAY": 0.01,
+            "RETRY_ENABLED": False,
+            "CONCURRENT_REQUESTS": 8,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 8,
+            "CLOSESPIDER_TIMEOUT": 60,
+        },
+        [hosts.url("A")],
+        depth=3,
+        fanout=5,
+        child_query="status=503&delay=0.2",
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) == 156
+    assert sum(entry["status"] == 503 for entry in result["responses"]) == 155
+    # Counted per scope: each 503 backs off its host's and its page's.
+    assert result["stats"]["throttling/backoff/status/503_count"] == 2 * 155
+    # 157 scopes were used over a few seconds; the recovered idle ones are gone.
+    assert result["live_scopes"] < 100
+
+
 REACTOR_SETTINGS = {
     "asyncio": {},
     "epoll": {"TWISTED_REACTOR": "twisted.internet.epollreactor.EPollReactor"},
 }
 
 
+#: URLs queued at start, or yielded from an index page's callback (so that
+#: the first run stops with requests a callback queued, not start requests).
+FOLLOW_MODES = pytest.mark.parametrize(
+    "follow", [False, True], ids=["queued", "followed"]
+)
+
+
+@FOLLOW_MODES
 @pytest.mark.parametrize("reactor", REACTORS)
 def test_jobdir_resume_honours_the_remaining_throttling_delay(
-    simhosts, tmp_path, reactor
+    simhosts, tmp_path, reactor, follow
 ):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
     urls = [hosts.url("A", f"/page/{i}") for i in range(4)] + [
@@ -59,6 +106,7 @@ def test_jobdir_resume_honours_the_remaining_throttling_delay(
         "urls": urls,
         "metas": [{}, {}, {}, {}, {"throttling_delay": 6.0}],
         "stop_after": 4,
+        "follow": follow,
     }
     first = crawl_in_process(config)
     assert first["finish_reason"] == "stopped_half_way"
@@ -71,10 +119,15 @@ def test_jobdir_resume_honours_the_remaining_throttling_delay(
     assert arrivals["/delayed"] >= 5.5
 
 
+@FOLLOW_MODES
 @pytest.mark.parametrize("reactor", REACTORS)
-def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path, reactor):
+def test_jobdir_with_long_scope_ids_pauses_and_resumes(
+    simhosts, tmp_path, reactor, follow
+):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
-    long_scopes = [f"{'x' * 75}-{n}" for n in range(3)]
+    # Three ids of ~80 characters (a directory name over 255 bytes before
+    # the fix), and one of characters a path must not carry as they are.
+    long_scopes = [f"{'x' * 75}-{n}" for n in range(3)] + ["a/../b\\c:日本語 \n*?\x00"]
     urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
     config = {
         "settings": {
@@ -87,6 +140,7 @@ def test_jobdir_with_long_scope_ids_pauses_and_resumes(simhosts, tmp_path, react
         "urls": urls,
         "metas": [{"throttling_scopes": long_scopes}] * 20,
         "stop_after": 5,
+        "follow": follow,
     }
     first = crawl_in_process(config)
     assert first["finish_reason"] == "stopped_half_way"

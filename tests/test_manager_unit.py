@@ -111,6 +111,42 @@ def test_idleness() -> None:
     assert not scope.is_idle(now=50.0, max_idle=10)
 
 
+def test_a_backed_off_scope_nobody_uses_recovers_and_becomes_idle() -> None:
+    # Recovery used to run only when the scope sent again: a scope that
+    # backed off once and was never used again was never evictable (a soak
+    # crawl of short-lived site scopes kept half of them for ever).
+    scope = scope_manager(BACKOFF_WINDOW=60.0, BACKOFF_JITTER=0)
+    scope.record_sent(now=0.0)
+    scope.record_done(now=0.5)
+    scope.record_backoff(now=1.0)  # no server delay: the spacing grows
+    scope.record_backoff(now=2.0)
+    assert scope.get_state(now=3.0)["backoff_level"] == 2
+    # Still backing off: not evictable, however long unused.
+    assert not scope.is_idle(now=61.0, max_idle=10)
+    # Two quiet windows later it has recovered, and it is idle.
+    assert scope.is_idle(now=123.0, max_idle=10)
+    assert scope.get_state(now=123.0)["backoff_level"] == 0
+
+
+def test_idle_eviction_of_scopes_that_backed_off() -> None:
+    throttler, clock = manager(
+        THROTTLING_SCOPE_MAX_IDLE=10, BACKOFF_WINDOW=30.0, BACKOFF_JITTER=0
+    )
+    for index in range(50):
+        request = Request(f"https://site{index}.example/")
+        throttler.reserve(request)
+        throttler.release(request)
+        throttler.delay_scope(f"site{index}.example", 2.0)
+        clock.now += 1
+    # Every site is done; other requests keep the crawl (and eviction) going.
+    for _ in range(20):
+        clock.now += 5
+        request = Request("https://busy.example/")
+        throttler.reserve(request)
+        throttler.release(request)
+    assert list(throttler._scope_managers) == ["busy.example"]
+
+
 # -- manager ---------------------------------------------------------------------
 
 

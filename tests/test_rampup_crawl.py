@@ -15,6 +15,9 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy_adaptive_throttle import LatencyScopeManager, ThrottlingScopeManager
 from tests.spiders import PagesSpider, run_crawl
 
+# Every crawl twice: URLs queued at start, and yielded from a callback.
+pytestmark = pytest.mark.usefixtures("spider_modes")
+
 ADDON = {"scrapy_adaptive_throttle.Addon": 500}
 PLAIN = "scrapy_adaptive_throttle.ThrottlingScopeManager"
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +15,12 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 
 from scrapy_adaptive_throttle._settings import ThrottlingSettings, classify_scope
 from tests.spiders import PagesSpider, run_crawl
+
+
+class HalfAScopeManager:
+    """can_send and record_sent, but no record_done: not a scope manager."""
+
+    can_send = record_sent = staticmethod(lambda *args, **kwargs: 0.0)
 
 
 def read(**settings: Any) -> ThrottlingSettings:
@@ -75,6 +85,28 @@ def read(**settings: Any) -> ThrottlingSettings:
             "THROTTLING_SCOPES['api']['rampup']",
         ),
         ({"THROTTLING_SCOPES": {"api": 4}}, "THROTTLING_SCOPES['api'] value 4"),
+        # A class that is not a scope manager (here: the manager itself).
+        (
+            {"THROTTLING_SCOPE_MANAGER": "scrapy_adaptive_throttle.ThrottlingManager"},
+            "THROTTLING_SCOPE_MANAGER value "
+            "'scrapy_adaptive_throttle.ThrottlingManager': it does not implement "
+            "ThrottlingScopeManagerProtocol (missing: can_send, record_sent, "
+            "record_done)",
+        ),
+        (
+            {"THROTTLING_SCOPE_MANAGER": dict},
+            "THROTTLING_SCOPE_MANAGER value <class 'dict'>: it does not implement",
+        ),
+        (
+            {
+                "THROTTLING_SCOPES": {
+                    "api": {"manager": "tests.test_settings.HalfAScopeManager"}
+                }
+            },
+            "THROTTLING_SCOPES['api']['manager'] value "
+            "'tests.test_settings.HalfAScopeManager': it does not implement "
+            "ThrottlingScopeManagerProtocol (missing: record_done)",
+        ),
     ],
 )
 def test_invalid_values_name_setting_scope_and_value(
@@ -173,4 +205,62 @@ async def test_invalid_setting_stops_the_crawl_at_start_up(simhosts):
             },
             urls=[hosts.url("A", "/")],
         )
+    assert hosts.stats("A")["requests"] == 0
+
+
+NOT_A_SCOPE_MANAGER = {
+    "ADDONS": {"scrapy_adaptive_throttle.Addon": 500},
+    # A plausible mistake: the manager where the scope manager belongs.
+    "THROTTLING_SCOPES": {
+        "api": {"manager": "scrapy_adaptive_throttle.ThrottlingManager"}
+    },
+}
+NOT_A_SCOPE_MANAGER_MESSAGE = (
+    "Invalid THROTTLING_SCOPES['api']['manager'] value "
+    "'scrapy_adaptive_throttle.ThrottlingManager': it does not implement "
+    "ThrottlingScopeManagerProtocol"
+)
+
+
+@deferred_f_from_coro_f
+async def test_a_class_that_is_no_scope_manager_stops_the_crawl_at_start_up(
+    simhosts,
+):
+    # Before, it was accepted, and every request of the scope failed later.
+    hosts = simhosts({"name": "A", "kind": "unlimited"})
+    with pytest.raises(ValueError, match=re.escape(NOT_A_SCOPE_MANAGER_MESSAGE)):
+        await run_crawl(
+            PagesSpider,
+            NOT_A_SCOPE_MANAGER,
+            urls=[hosts.url("A", "/")],
+            meta={"throttling_scopes": "api"},
+            follow=True,
+        )
+    assert hosts.stats("A")["requests"] == 0
+
+
+def test_a_class_that_is_no_scope_manager_stops_an_epoll_crawl_at_start_up(
+    simhosts,
+):
+    hosts = simhosts({"name": "A", "kind": "unlimited"})
+    config = {
+        "settings": {
+            **NOT_A_SCOPE_MANAGER,
+            "TWISTED_REACTOR": "twisted.internet.epollreactor.EPollReactor",
+        },
+        "urls": [hosts.url("A", "/")],
+        "metas": [{"throttling_scopes": "api"}],
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.crawl_process", json.dumps(config)],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert NOT_A_SCOPE_MANAGER_MESSAGE in result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["reactor"].endswith("EPollReactor")
+    assert outcome["finish_reason"] is None  # the spider never opened
     assert hosts.stats("A")["requests"] == 0

@@ -235,18 +235,26 @@ def test_stop_ends_the_server_process() -> None:
     assert not hosts.running
 
 
+@pytest.mark.parametrize("follow", [False, True], ids=["queued", "followed"])
 @deferred_f_from_coro_f
-async def test_plain_scrapy_crawl_fetches_every_page(simhosts: Any) -> None:
+async def test_plain_scrapy_crawl_fetches_every_page(
+    simhosts: Any, follow: bool
+) -> None:
     hosts = simhosts({"name": "A", "kind": "queue", "workers": 4, "service_time": 0.01})
     urls = [hosts.url("A", f"/page/{i}") for i in range(20)]
-    crawler = await run_crawl(PagesSpider, {"CONCURRENT_REQUESTS": 4}, urls=urls)
+    crawler = await run_crawl(
+        PagesSpider, {"CONCURRENT_REQUESTS": 4}, urls=urls, follow=follow
+    )
     spider = crawler.spider
     assert isinstance(spider, PagesSpider)
     assert spider.unanswered() == []
     assert spider.failures == []
     assert spider.statuses == [200] * 20
     assert all(entry["download_latency"] > 0 for entry in spider.responses)
-    assert crawler.stats.get_value("downloader/response_status_count/200") == 20
+    # Plus, in the followed mode, the index page (a data: URL).
+    assert crawler.stats.get_value("downloader/response_status_count/200") == (
+        20 + follow
+    )
     stats = hosts.stats("A")
     assert stats["requests"] == 20
     # Scrapy reused its keep-alive connections (one more: this stats call).
