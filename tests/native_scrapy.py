@@ -418,27 +418,39 @@ def install() -> None:
     async def gated(engine: ExecutionEngine, request: Any) -> Any:
         throttler = engine.crawler.throttler  # type: ignore[attr-defined]
         active = engine.downloader.active
-        # As in the pull request, a request waiting at the gate counts
-        # against CONCURRENT_REQUESTS and keeps the spider from closing.
-        active.add(request)
         try:
             await throttler.acquire(request)
             try:
                 result = await maybe_deferred_to_future(download(engine, request))
             except Exception as exc:
+                active.add(request)  # the downloader removed it
                 await throttler.process_exception(request, exc)
                 raise
+            active.add(request)  # the downloader removed it
             if isinstance(result, Response):
                 await throttler.process_response(result)
             return result
         finally:
             throttler.release(request)
-            active.discard(request)
-            if engine._slot is not None:
-                engine._slot.nextcall.schedule()
 
     def _download(self: ExecutionEngine, request: Any) -> Any:
-        return deferred_from_coro(gated(self, request))
+        # As in the pull request, a request waiting at the gate counts
+        # against CONCURRENT_REQUESTS and keeps the spider from closing, from
+        # now until the engine has its result: on the asyncio reactor the
+        # coroutine starts, and its result arrives, on later loop turns, when
+        # the engine could otherwise see an idle downloader and close.
+        active = self.downloader.active
+        active.add(request)
+        deferred = deferred_from_coro(gated(self, request))
+
+        def done(result: Any) -> Any:
+            active.discard(request)
+            if self._slot is not None:
+                self._slot.nextcall.schedule()
+            return result
+
+        deferred.addBoth(done)
+        return deferred
 
     ExecutionEngine._download = _download  # type: ignore[method-assign]
 
