@@ -82,15 +82,68 @@ Changes to the guide, each for a measured or structural reason:
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from collections import deque
 
 __all__ = ["LatencyLimit"]
 
-#: A round whose fastest answer is at least this share of the previous round's
-#: fastest answer did not get faster: lowering the limit did not help.
+#: Samples the baseline is the median of, once that many are fresh: the
+#: median of 32 lognormal(sigma 0.6) latencies is within 13% of the true
+#: median two times in three (standard error 1.2533 x 0.6 / sqrt(32)).
+_POOL = 32
+#: Latencies kept per in-flight level (the newest ones).
+_LEVEL_SAMPLES = 32
+#: In-flight levels above this one are kept together.
+_MAX_LEVEL = 256
+#: Changes of the whole limit remembered, to tell the limit a request was
+#: sent under.
+_LIMIT_HISTORY = 32
+#: Standard errors a difference must exceed to count (about 2% one-sided).
+_Z = 2.0
+#: The smallest spread of log-latency assumed, so that a few identical
+#: samples do not make every small difference significant.
+_MIN_SPREAD = 0.05
+#: The largest number of answers a round may need.
+_MAX_ROUND = 64
+#: A round whose median is at least this share of the previous slow round's
+#: median did not get faster: lowering the limit did not help.
 _FLAT = 0.95
-#: Rounds in a row that did not get faster (after a first all-slow round)
-#: before the recent best is replaced.
+#: Rounds in a row that did not get faster (after a first mostly slow round)
+#: before the baseline is replaced.
 _FLAT_ROUNDS = 2
+#: A round with at most this share of fast answers is "mostly slow".
+_MOSTLY_SLOW_FAST_SHARE = 0.2
+#: A round must be at least this much faster than the baseline (and beyond
+#: its noise) to count as the host having sped up.
+_SPEEDUP = 0.9
+#: Answers of rounds without a decrease needed to tell a host that sped up.
+_SPEEDUP_SAMPLES = 16
+#: The expected spread of the median of n samples is this times spread / sqrt(n).
+_MEDIAN_EFFICIENCY = 1.2533
+
+
+def _median(values: list[float]) -> float:
+    """The lower median of sorted *values* (a value that was measured)."""
+    return values[(len(values) - 1) // 2]
+
+
+def round_size_for_noise(slow_share: float) -> int:
+    """Answers a round needs so that noise alone rarely makes its majority slow.
+
+    *slow_share* is the share of the host's unloaded answers that are slow
+    (above the threshold). With ``n`` answers, the slow count is binomial;
+    its majority is slow by chance with probability about
+    ``P(Z > (0.5 - p) sqrt(n) / sqrt(p (1 - p)))``, which ``_Z`` standard
+    errors keep near 2%: 1 answer for a steady host, 12 at p = 0.25, 35 at
+    p = 0.34 (lognormal sigma 1.0 with a tolerance of 1.5).
+    """
+    if slow_share <= 0.0:
+        return 1
+    margin = 0.5 - slow_share
+    if margin <= 0.0:
+        return _MAX_ROUND
+    size = (_Z * math.sqrt(slow_share * (1.0 - slow_share)) / margin) ** 2
+    return min(_MAX_ROUND, math.ceil(size))
 
 
 class LatencyLimit:
@@ -101,9 +154,11 @@ class LatencyLimit:
     :param initial: the starting limit, clamped into ``[minimum, maximum]``.
     :param minimum: the floor of the limit (at least 1).
     :param maximum: the ceiling of the limit (raised to *minimum* if lower).
-    :param tolerance: how much latency above the recent best counts as
-        normal; a politeness setting (1.5 = at most ~50% added latency).
-    :param window: seconds after which a best latency starts to expire.
+    :param tolerance: how much the median latency may rise above the host's
+        unloaded median; a politeness setting (1.5 = at most ~50% added
+        latency).
+    :param window: seconds after which a latency sample starts to expire
+        (samples older than two windows no longer make the baseline).
     :param resolution: the smallest added latency (seconds) that counts as
         slow, whatever the tolerance: differences below the noise of the
         crawler's own measurements say nothing about the host.
@@ -113,28 +168,37 @@ class LatencyLimit:
         negative resolution.
 
     Attributes: ``limit`` (the fractional limit), ``tolerance``, ``window``,
-    ``best`` (the recent best latency, None before the first sample),
-    ``last_latency``, and the counters ``increase_count`` (answers that
-    raised the limit), ``decrease_count`` (slow rounds), ``overload_count``
-    (every overload signal) and ``rebaseline_count`` (slowdowns taken as the
-    new baseline).
+    ``best`` (the baseline latency: the host's estimated unloaded median,
+    None before the first sample), ``last_latency``, and the counters
+    ``increase_count`` (answers that raised the limit), ``decrease_count``
+    (slow rounds), ``overload_count`` (every overload signal) and
+    ``rebaseline_count`` (slowdowns and speed-ups taken as the new
+    baseline).
     """
 
     __slots__ = (
-        "_current_min",
+        "_baseline_level",
+        "_baseline_samples",
+        "_dirty",
         "_fast",
+        "_faster",
         "_flat",
         "_last_overload",
+        "_levels",
+        "_limits",
         "_mark",
         "_maximum",
         "_minimum",
-        "_previous_min",
         "_raised_at",
-        "_round_min",
+        "_round_latencies",
+        "_round_size",
         "_slow",
-        "_slow_round_min",
+        "_slow_round_median",
         "_slow_start",
-        "_window_start",
+        "_spread",
+        "_steady",
+        "_updated_at",
+        "_upper",
         "best",
         "decrease_count",
         "increase_count",
@@ -177,9 +241,25 @@ class LatencyLimit:
         self.decrease_count = 0
         self.overload_count = 0
         self.rebaseline_count = 0
-        self._current_min: float | None = None
-        self._previous_min: float | None = None
-        self._window_start: float | None = None
+        # Recent latencies per in-flight level (requests of the scope in
+        # flight when the answer came): the baseline is made of the lowest
+        # levels that show no queue.
+        self._levels: dict[int, deque[tuple[float, float]]] = {}
+        # (time, whole limit) at its recent changes.
+        self._limits: deque[tuple[float, int]] = deque(maxlen=_LIMIT_HISTORY)
+        # The highest level in the baseline's pool, how many samples it had,
+        # and whether samples came since it was computed (and when).
+        self._baseline_level = 0
+        self._baseline_samples = 0
+        self._dirty = False
+        self._updated_at = -math.inf
+        # Noise of the unloaded answers, measured on the baseline's pool: the
+        # answers a round needs before its majority means something, the
+        # spread of log-latency, and whether no unloaded answer reached the
+        # upper half of the tolerance band (a steady host).
+        self._round_size = 1
+        self._spread = _MIN_SPREAD
+        self._steady = True
         self._last_overload = -math.inf
         # When the whole-number limit last went up: answers to requests sent
         # before then tested the lower limit and do not raise it further.
@@ -188,11 +268,14 @@ class LatencyLimit:
         self._mark = -math.inf
         self._fast = 0
         self._slow = 0
-        self._round_min = math.inf
-        # The fastest answer of the previous all-slow round (None: the last
-        # round was not all slow), and how many all-slow rounds in a row did
-        # not get faster.
-        self._slow_round_min: float | None = None
+        self._upper = 0
+        self._round_latencies: list[float] = []
+        # The answers of the last rounds without a decrease, until there are
+        # enough to tell whether the host sped up.
+        self._faster: list[float] = []
+        # The median of the previous mostly slow round (None: the last round
+        # was not), and how many such rounds in a row did not get faster.
+        self._slow_round_median: float | None = None
         self._flat = 0
         self._slow_start = slow_start
 
@@ -210,6 +293,16 @@ class LatencyLimit:
     def maximum(self) -> int:
         """The ceiling of the limit (change it with :meth:`set_bounds`)."""
         return self._maximum
+
+    @property
+    def baseline(self) -> float | None:
+        """The baseline latency (same as ``best``): the unloaded median."""
+        return self.best
+
+    @property
+    def round_size(self) -> int:
+        """Answers a round needs at least (more on a noisier host)."""
+        return self._round_size
 
     def set_bounds(self, minimum: int, maximum: int) -> None:
         """Set the floor and ceiling and clamp the limit into them.
@@ -232,6 +325,145 @@ class LatencyLimit:
         """The whole number of requests allowed in flight."""
         return max(self._minimum, min(self._maximum, int(self.limit)))
 
+    def _limit_at(self, when: float) -> int:
+        """The whole limit at time *when* (the oldest one kept if earlier)."""
+        history = self._limits
+        for index in range(len(history) - 1, -1, -1):
+            changed_at, value = history[index]
+            if changed_at <= when:
+                return value
+        return history[0][1] if history else self.current()
+
+    def _note_limit(self, now: float) -> None:
+        """Record the whole limit if it changed (for :meth:`_limit_at`)."""
+        value = self.current()
+        history = self._limits
+        if not history or history[-1][1] != value:
+            history.append((now, value))
+
+    def _threshold(self, best: float) -> float:
+        return max(best * self.tolerance, best + self.resolution)
+
+    # -- the baseline -----------------------------------------------------------
+
+    def _record(self, now: float, latency: float, in_flight: int) -> None:
+        # The load a request met is what was in flight when it was sent: at
+        # most the whole limit then (requests in flight when it answers may
+        # have been sent later, into a different queue).
+        sent_limit = self._limit_at(now - latency)
+        level = in_flight if in_flight < sent_limit else sent_limit
+        level = 1 if level < 1 else min(level, _MAX_LEVEL)
+        samples = self._levels.get(level)
+        if samples is None:
+            samples = self._levels[level] = deque(maxlen=_LEVEL_SAMPLES)
+        samples.append((now, latency))
+        if level <= self._baseline_level + 1:
+            self._dirty = True
+
+    def _update_baseline(self, now: float) -> None:
+        """Recompute the baseline from the lowest in-flight levels.
+
+        Levels are pooled from the lowest up while the next one's median is
+        not significantly above the pool's (latency rising with in-flight
+        requests is a queue; noise does not depend on them), until the pool
+        holds ``_POOL`` samples. Significance is measured against the spread
+        of latency *within* levels: the host's noise, whatever its load.
+        """
+        self._dirty = False
+        self._updated_at = now
+        horizon = now - 2 * self.window
+        levels = self._levels
+        by_level: list[tuple[int, list[float]]] = []
+        deviations: list[float] = []
+        for level in sorted(levels):
+            samples = levels[level]
+            while samples and samples[0][0] < horizon:
+                samples.popleft()
+            if not samples:
+                del levels[level]
+                continue
+            latencies = sorted(latency for _, latency in samples)
+            by_level.append((level, latencies))
+            if len(latencies) > 1:
+                center = math.log(_median(latencies))
+                deviations.extend(math.log(value) - center for value in latencies)
+        if not by_level:
+            return
+        spread = _MIN_SPREAD
+        if len(deviations) >= 4:
+            deviations.sort()
+            count = len(deviations)
+            spread = max(
+                _MIN_SPREAD,
+                (deviations[(3 * count) // 4] - deviations[count // 4]) / 1.349,
+            )
+        self._spread = spread
+        pool: list[float] = []
+        top = 0
+        for level, latencies in by_level:
+            if pool:
+                error = (
+                    _Z
+                    * _MEDIAN_EFFICIENCY
+                    * spread
+                    * math.sqrt(1 / len(pool) + 1 / len(latencies))
+                )
+                if math.log(_median(latencies)) - math.log(_median(pool)) > error:
+                    break
+            pool.extend(latencies)
+            pool.sort()
+            top = level
+            if len(pool) >= _POOL:
+                break
+        candidate = _median(pool)
+        best = self.best
+        if (
+            best is not None
+            and self._baseline_samples >= _POOL
+            and top > self._baseline_level
+        ):
+            # A pool from more loaded levels than the baseline's: only a host
+            # that clearly got faster replaces it (else the baseline would
+            # creep up with the crawler's own queue).
+            if candidate >= best * self._speedup_factor(len(pool)):
+                return
+            top = self._baseline_level
+        self._set_baseline(candidate, pool, top)
+
+    def _speedup_factor(self, count: int) -> float:
+        error = _Z * 1.5 * _MEDIAN_EFFICIENCY * self._spread / math.sqrt(count)
+        return min(_SPEEDUP, math.exp(-error))
+
+    def _set_baseline(self, baseline: float, pool: list[float], level: int) -> None:
+        """Take *baseline* and the noise of the sorted *pool* behind it."""
+        self.best = baseline
+        self._baseline_level = level
+        self._baseline_samples = len(pool)
+        count = len(pool)
+        threshold = self._threshold(baseline)
+        lower = baseline + (threshold - baseline) / 2
+        slow_share = (count - bisect_right(pool, threshold)) / count
+        self._round_size = round_size_for_noise(slow_share)
+        self._steady = bisect_right(pool, lower) == count
+
+    def _rebaseline(self, now: float, baseline: float, latencies: list[float]) -> None:
+        """The host itself changed speed: start the baseline over."""
+        self._levels.clear()
+        level = max(1, int(self.limit))
+        samples: deque[tuple[float, float]] = deque(maxlen=_LEVEL_SAMPLES)
+        samples.extend((now, latency) for latency in latencies)
+        self._levels[level] = samples
+        self._set_baseline(baseline, latencies, level)
+        # Established: the next pools must come from levels as low as this
+        # round's, or show another change of speed.
+        self._baseline_samples = max(self._baseline_samples, _POOL)
+        self._slow_round_median = None
+        self._flat = 0
+        self._faster = []
+        self.rebaseline_count += 1
+
+    # -- answers ------------------------------------------------------------------
+
     def on_response(self, now: float, latency: float, in_flight: int) -> None:
         """Adapt to one normal answer.
 
@@ -243,34 +475,23 @@ class LatencyLimit:
         if not 0 < latency < math.inf:
             return
         self.last_latency = latency
-        start = self._window_start
-        if start is None:
-            self._window_start = now
-        elif now - start > self.window:
-            # More than two windows without samples: the previous window's
-            # minimum is older than a window too, and must go as well.
-            fresh = now - start <= 2 * self.window
-            self._previous_min = self._current_min if fresh else None
-            self._current_min = None
-            self._window_start = now
-        current_min = self._current_min
-        if current_min is None or latency < current_min:
-            current_min = self._current_min = latency
-        previous_min = self._previous_min
-        best = (
-            previous_min
-            if previous_min is not None and previous_min < current_min
-            else current_min
-        )
-        self.best = best
+        self._record(now, latency, in_flight)
+        if self._baseline_samples < _POOL or now - self._updated_at > self.window:
+            # Too few samples yet for a stable median: every one counts.
+            self._update_baseline(now)
+        best = self.best
+        assert best is not None
 
         limit = self.limit
         sent = now - latency
-        threshold = max(best * self.tolerance, best + self.resolution)
+        counted = sent >= self._mark
+        threshold = self._threshold(best)
         if latency <= threshold:
             band = threshold - best
             step = 2.0 * (threshold - latency) / band if band > 0 else 1.0
-            if step < 1.0:
+            if step < 1.0 and counted:
+                self._upper += 1
+            if step < 1.0 and self._slow_start and self._queue_forming():
                 self._slow_start = False
             # int(limit) is current(): the limit always lies within its bounds.
             if (
@@ -279,31 +500,46 @@ class LatencyLimit:
                 and (self._slow_start or sent >= self._raised_at)
             ):
                 if self._slow_start:
-                    grown = limit + 1.0
+                    grown = limit + (step if step < 1.0 else 1.0)
                 else:
                     grown = limit + (step if step < 1.0 else 1.0) / limit
                 if grown >= self._maximum:
                     grown = float(self._maximum)
-                if int(grown) > int(limit):
-                    self._raised_at = now
+                raised = int(grown) > int(limit)
                 self.limit = limit = grown
+                if raised:
+                    self._raised_at = now
+                    self._note_limit(now)
                 self.increase_count += 1
-            if sent >= self._mark:
+            if counted:
                 self._fast += 1
-                if 2 * self._fast > int(limit):
+                self._round_latencies.append(latency)
+                if 2 * self._fast > self._round_target():
                     self._end_round(now, slow=False)
         else:
-            self._slow_start = False
-            if sent >= self._mark:
+            if counted:
+                self._upper += 1
+            if self._slow_start and self._queue_forming():
+                self._slow_start = False
+            if counted:
                 self._count_slow(now, latency)
+
+    def _queue_forming(self) -> bool:
+        # On a steady host one answer in the upper half of the band is a
+        # queue forming; on a noisy one, half of the round's answers.
+        return self._steady or 2 * self._upper > self._fast + self._slow
+
+    def _round_target(self) -> int:
+        size = self._round_size
+        limit = int(self.limit)
+        return limit if limit > size else size
 
     def on_error_response(self, now: float, latency: float) -> None:
         """Adapt to an error page (e.g. 404, 500; not a backoff code).
 
-        It never raises the limit nor becomes the best latency (error pages
-        are often much faster than real pages), but a slow one still counts
-        as a slow answer of its round: the host is queueing whatever it
-        answers.
+        It never raises the limit nor makes the baseline (error pages are
+        often much faster than real pages), but a slow one still counts as a
+        slow answer of its round: the host is queueing whatever it answers.
         """
         if not 0 < latency < math.inf:
             return
@@ -311,18 +547,20 @@ class LatencyLimit:
         best = self.best
         if (
             best is not None
-            and latency > max(best * self.tolerance, best + self.resolution)
+            and latency > self._threshold(best)
             and now - latency >= self._mark
         ):
+            self._upper += 1
             self._count_slow(now, latency)
 
     def _count_slow(self, now: float, latency: float) -> None:
         self._slow += 1
-        self._round_min = min(self._round_min, latency)
-        if 2 * self._slow >= int(self.limit):
+        self._round_latencies.append(latency)
+        if 2 * self._slow >= self._round_target():
             self._end_round(now, slow=True)
 
     def _end_round(self, now: float, *, slow: bool) -> None:
+        latencies = self._round_latencies
         if slow:
             self._slow_start = False
             limit = self.limit
@@ -331,52 +569,70 @@ class LatencyLimit:
             limit = limit * 0.9 if limit >= 10.0 else limit - 1.0
             minimum = float(self._minimum)
             self.limit = limit if limit > minimum else minimum
+            self._note_limit(now)
             self.decrease_count += 1
-            if self._fast:
-                self._slow_round_min = None
+            self._faster = []
+            if self._fast > _MOSTLY_SLOW_FAST_SHARE * (self._fast + self._slow):
+                self._slow_round_median = None
                 self._flat = 0
             else:
-                self._on_all_slow_round(now)
+                latencies.sort()
+                self._on_mostly_slow_round(now, latencies)
         else:
-            self._slow_round_min = None
+            self._slow_round_median = None
             self._flat = 0
+            best = self.best
+            # A round older than the window may mix two speeds of the host.
+            if best is not None and latencies and now - self._mark <= self.window:
+                faster = self._faster
+                faster.extend(latencies)
+                if len(faster) >= _SPEEDUP_SAMPLES:
+                    faster.sort()
+                    # Three quarters of the answers of the last rounds below
+                    # the baseline (and beyond its noise): the host sped up
+                    # (e.g. the end of a slowdown). Noise alone puts half of
+                    # them there.
+                    quartile = faster[(3 * len(faster)) // 4]
+                    if quartile < best * self._speedup_factor(len(faster)):
+                        self._rebaseline(now, _median(faster), faster)
+                    self._faster = []
+            else:
+                self._faster = []
+            if self._dirty:
+                self._update_baseline(now)
         self._mark = now
-        self._fast = self._slow = 0
-        self._round_min = math.inf
+        self._fast = self._slow = self._upper = 0
+        self._round_latencies = []
 
-    def _on_all_slow_round(self, now: float) -> None:
-        fastest = self._round_min
-        previous = self._slow_round_min
-        self._slow_round_min = fastest
-        if previous is None or fastest < previous * _FLAT:
+    def _on_mostly_slow_round(self, now: float, latencies: list[float]) -> None:
+        median = _median(latencies)
+        previous = self._slow_round_median
+        self._slow_round_median = median
+        if previous is None or median < previous * _FLAT:
             self._flat = 0
             return
         self._flat += 1
         if self._flat >= _FLAT_ROUNDS:
             # Lowering the limit three rounds in a row did not bring the
             # latency down: the host is slower, not queueing our requests.
-            self._current_min = self.best = fastest
-            self._previous_min = None
-            self._window_start = now
-            self._slow_round_min = None
-            self._flat = 0
-            self.rebaseline_count += 1
+            self._rebaseline(now, median, latencies)
 
     def on_overload(self, now: float) -> None:
         """Halve the limit on an explicit overload signal (429, 503, ...).
 
-        At most once per recent-best latency (the overload answers of one
-        round count once); every overload starts a new round.
+        At most once per baseline latency (the overload answers of one round
+        count once); every overload starts a new round.
         """
         self.overload_count += 1
         self._slow_start = False
         if now >= self._last_overload + (self.best or 0.0):
             self.limit = max(float(self._minimum), self.limit / 2)
+            self._note_limit(now)
             self._last_overload = now
         self._mark = now
-        self._fast = self._slow = 0
-        self._round_min = math.inf
-        self._slow_round_min = None
+        self._fast = self._slow = self._upper = 0
+        self._round_latencies = []
+        self._slow_round_median = None
         self._flat = 0
 
     def snapshot(self) -> dict[str, float | int | None]:
