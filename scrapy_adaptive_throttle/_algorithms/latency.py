@@ -112,7 +112,7 @@ _FLAT = 0.95
 #: before the baseline is replaced.
 _FLAT_ROUNDS = 2
 #: A round with at most this share of fast answers is "mostly slow".
-_MOSTLY_SLOW_FAST_SHARE = 0.2
+_MOSTLY_SLOW_FAST_SHARE = 0.0
 #: A round must be at least this much faster than the baseline (and beyond
 #: its noise) to count as the host having sped up.
 _SPEEDUP = 0.9
