@@ -87,7 +87,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
             window=settings.latency_window,
             resolution=LATENCY_RESOLUTION,
         )
-        self._current = int(limit.limit)
+        self._current = limit.current()
         self._http_codes = settings.http_codes
         self._backoff_at: float | None = None
         # Latency samples, and those taken at the floor or at the ceiling:
@@ -117,7 +117,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
         limit = self._latency_limit
         if limit is not None:
             limit.set_bounds(self._min_concurrency, self._ceiling)
-            self._set_current(int(limit.limit))
+            self._set_current(limit.current())
 
     # -- concurrency ------------------------------------------------------
 
@@ -171,6 +171,21 @@ class LatencyScopeManager(ThrottlingScopeManager):
 
     # -- adapting ---------------------------------------------------------------
 
+    def record_sent(
+        self, now: float | None = None, amount: float | None = None
+    ) -> None:
+        """Record a send, and tell the adaptive limit how many are in flight.
+
+        The in-flight count at send time is the load the answer's latency
+        measures (the baseline is made of the least loaded answers).
+        """
+        if now is None:
+            now = monotonic()
+        super().record_sent(now, amount)
+        limit = self._latency_limit
+        if limit is not None:
+            limit.on_sent(now, self.active)
+
     def record_backoff(
         self, delay: float | None = None, now: float | None = None, cap: bool = True
     ) -> None:
@@ -185,7 +200,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
         super().record_backoff(delay, now, cap)
         limit = self.latency_limit
         limit.on_overload(now)
-        self._current = int(limit.limit)
+        self._current = limit.current()
         self._backoff_at = now
 
     def record_response(
@@ -209,7 +224,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
             limit.on_error_response(now, latency)
         else:
             limit.on_response(now, latency, self.active)
-        current = int(limit.limit)
+        current = limit.current()
         if current != self._current:
             limit_changed(self, self._current, current, now)
             self._set_current(current)

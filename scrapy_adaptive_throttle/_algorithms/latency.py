@@ -98,6 +98,9 @@ _MAX_LEVEL = 256
 #: Changes of the whole limit remembered, to tell the limit a request was
 #: sent under.
 _LIMIT_HISTORY = 32
+#: Sends remembered (with the requests in flight then); answers to older ones
+#: fall back on the limit of the time.
+_SEND_HISTORY = 512
 #: Standard errors a difference must exceed to count (about 2% one-sided).
 _Z = 2.0
 #: The smallest spread of log-latency assumed, so that a few identical
@@ -116,6 +119,10 @@ _MOSTLY_SLOW_FAST_SHARE = 0.0
 #: A round must be at least this much faster than the baseline (and beyond
 #: its noise) to count as the host having sped up.
 _SPEEDUP = 0.9
+#: Growth speed towards the level whose round was last slow.
+_NEAR_FAILED = 0.25
+#: Answers a probe round waits for (requests sent during it).
+_PROBE_SAMPLES = 16
 #: Answers of rounds without a decrease needed to tell a host that sped up.
 _SPEEDUP_SAMPLES = 16
 #: The expected spread of the median of n samples is this times spread / sqrt(n).
@@ -164,6 +171,9 @@ class LatencyLimit:
         crawler's own measurements say nothing about the host.
     :param slow_start: start by doubling the limit every round until the
         first sign of a queue (TCP's slow start).
+    :param probe: run probe rounds (half the limit for a few answers) at the
+        end of slow start and every two windows, so that the baseline is
+        made of unloaded answers (BBR's ProbeRTT).
     :raises ValueError: on a tolerance below 1, a non-finite window or a
         negative resolution.
 
@@ -180,6 +190,8 @@ class LatencyLimit:
         "_baseline_level",
         "_baseline_samples",
         "_dirty",
+        "_failed_at",
+        "_failed_level",
         "_fast",
         "_faster",
         "_flat",
@@ -189,9 +201,13 @@ class LatencyLimit:
         "_mark",
         "_maximum",
         "_minimum",
+        "_next_probe_at",
+        "_probe_answers",
+        "_probe_started",
         "_raised_at",
         "_round_latencies",
         "_round_size",
+        "_sends",
         "_slow",
         "_slow_round_median",
         "_slow_start",
@@ -221,6 +237,7 @@ class LatencyLimit:
         window: float = 30.0,
         resolution: float = 0.0,
         slow_start: bool = True,
+        probe: bool = True,
     ) -> None:
         if not (math.isfinite(tolerance) and tolerance >= 1):
             raise ValueError(f"tolerance must be >= 1, got {tolerance!r}")
@@ -247,6 +264,8 @@ class LatencyLimit:
         self._levels: dict[int, deque[tuple[float, float]]] = {}
         # (time, whole limit) at its recent changes.
         self._limits: deque[tuple[float, int]] = deque(maxlen=_LIMIT_HISTORY)
+        # (time, requests in flight) of recent sends, from on_sent().
+        self._sends: deque[tuple[float, int]] = deque(maxlen=_SEND_HISTORY)
         # The highest level in the baseline's pool, how many samples it had,
         # and whether samples came since it was computed (and when).
         self._baseline_level = 0
@@ -277,7 +296,16 @@ class LatencyLimit:
         # was not), and how many such rounds in a row did not get faster.
         self._slow_round_median: float | None = None
         self._flat = 0
+        # The whole limit whose round was last slow, and when.
+        self._failed_level = 0
+        self._failed_at = -math.inf
         self._slow_start = slow_start
+        # Probe rounds (BBR's ProbeRTT): when the next one is due (the first
+        # at the end of slow start), when the running one started (None: not
+        # probing) and how many of its answers came.
+        self._next_probe_at = -math.inf if probe else math.inf
+        self._probe_started: float | None = None
+        self._probe_answers = 0
 
     @property
     def in_slow_start(self) -> bool:
@@ -322,8 +350,56 @@ class LatencyLimit:
             self.limit = float(low)
 
     def current(self) -> int:
-        """The whole number of requests allowed in flight."""
-        return max(self._minimum, min(self._maximum, int(self.limit)))
+        """The whole number of requests allowed in flight.
+
+        Half the limit during a probe (see :attr:`probing`).
+        """
+        limit = max(self._minimum, min(self._maximum, int(self.limit)))
+        if self._probe_started is not None:
+            return max(self._minimum, limit // 2)
+        return limit
+
+    @property
+    def probing(self) -> bool:
+        """Whether a probe round runs: half the limit for ``_PROBE_SAMPLES``
+        answers, so that the baseline is made of unloaded answers."""
+        return self._probe_started is not None
+
+    def _start_probe(self, now: float) -> None:
+        if int(self.limit) // 2 < self._minimum or int(self.limit) < 2:
+            self._next_probe_at = now + 2 * self.window
+            return
+        self._probe_started = now
+        self._probe_answers = 0
+        self._note_limit(now)
+
+    def _end_probe(self, now: float) -> None:
+        self._probe_started = None
+        # Before the samples it brought expire (two windows).
+        self._next_probe_at = now + 2 * self.window
+        self._note_limit(now)
+        self._dirty = True
+
+    def on_sent(self, now: float, in_flight: int) -> None:
+        """Note a request sent at *now* with *in_flight* requests of the scope
+        in flight, itself included: the load its answer will have measured.
+
+        Optional: without it, the load is estimated from the limit at the
+        time the request was sent.
+        """
+        self._sends.append((now, in_flight))
+
+    def _level_at(self, sent: float, in_flight: int) -> int:
+        """Requests in flight when a request sent at *sent* left."""
+        sends = self._sends
+        for index in range(len(sends) - 1, -1, -1):
+            when, level = sends[index]
+            if when <= sent:
+                return level
+        # Not noted (or too old): at most the limit of the time, and at most
+        # what is in flight now if the limit was not in use.
+        sent_limit = self._limit_at(sent)
+        return in_flight if in_flight < sent_limit else sent_limit
 
     def _limit_at(self, when: float) -> int:
         """The whole limit at time *when* (the oldest one kept if earlier)."""
@@ -350,8 +426,7 @@ class LatencyLimit:
         # The load a request met is what was in flight when it was sent: at
         # most the whole limit then (requests in flight when it answers may
         # have been sent later, into a different queue).
-        sent_limit = self._limit_at(now - latency)
-        level = in_flight if in_flight < sent_limit else sent_limit
+        level = self._level_at(now - latency, in_flight)
         level = 1 if level < 1 else min(level, _MAX_LEVEL)
         samples = self._levels.get(level)
         if samples is None:
@@ -415,20 +490,7 @@ class LatencyLimit:
             top = level
             if len(pool) >= _POOL:
                 break
-        candidate = _median(pool)
-        best = self.best
-        if (
-            best is not None
-            and self._baseline_samples >= _POOL
-            and top > self._baseline_level
-        ):
-            # A pool from more loaded levels than the baseline's: only a host
-            # that clearly got faster replaces it (else the baseline would
-            # creep up with the crawler's own queue).
-            if candidate >= best * self._speedup_factor(len(pool)):
-                return
-            top = self._baseline_level
-        self._set_baseline(candidate, pool, top)
+        self._set_baseline(_median(pool), pool, top)
 
     def _speedup_factor(self, count: int) -> float:
         error = _Z * 1.5 * _MEDIAN_EFFICIENCY * self._spread / math.sqrt(count)
@@ -476,6 +538,14 @@ class LatencyLimit:
             return
         self.last_latency = latency
         self._record(now, latency, in_flight)
+        started = self._probe_started
+        if started is not None:
+            if now - latency >= started:
+                self._probe_answers += 1
+            if self._probe_answers >= _PROBE_SAMPLES or now - started > max(
+                1.0, 20 * (self.best or 0.0)
+            ):
+                self._end_probe(now)
         if self._baseline_samples < _POOL or now - self._updated_at > self.window:
             # Too few samples yet for a stable median: every one counts.
             self._update_baseline(now)
@@ -499,10 +569,19 @@ class LatencyLimit:
                 and in_flight >= int(limit) - 1
                 and (self._slow_start or sent >= self._raised_at)
             ):
+                step = min(step, 1.0)
                 if self._slow_start:
-                    grown = limit + (step if step < 1.0 else 1.0)
+                    grown = limit + step
                 else:
-                    grown = limit + (step if step < 1.0 else 1.0) / limit
+                    if (
+                        int(limit) + 1 >= self._failed_level
+                        and now - self._failed_at <= self.window
+                    ):
+                        # Just below the level whose round was slow: approach
+                        # it slowly (TCP CUBIC's plateau), so the limit does
+                        # not spend every other round there.
+                        step *= _NEAR_FAILED
+                    grown = limit + step / limit
                 if grown >= self._maximum:
                     grown = float(self._maximum)
                 raised = int(grown) > int(limit)
@@ -563,13 +642,15 @@ class LatencyLimit:
         latencies = self._round_latencies
         if slow:
             self._slow_start = False
-            limit = self.limit
+            limit = limit_before = self.limit
             # x0.9, but at least one request less: at small limits a tenth
             # is less than the +1 a round of growth adds back.
             limit = limit * 0.9 if limit >= 10.0 else limit - 1.0
             minimum = float(self._minimum)
             self.limit = limit if limit > minimum else minimum
             self._note_limit(now)
+            self._failed_level = int(limit_before)
+            self._failed_at = now
             self.decrease_count += 1
             self._faster = []
             if self._fast > _MOSTLY_SLOW_FAST_SHARE * (self._fast + self._slow):
@@ -603,6 +684,12 @@ class LatencyLimit:
         self._mark = now
         self._fast = self._slow = self._upper = 0
         self._round_latencies = []
+        if (
+            not self._slow_start
+            and self._probe_started is None
+            and now >= self._next_probe_at
+        ):
+            self._start_probe(now)
 
     def _on_mostly_slow_round(self, now: float, latencies: list[float]) -> None:
         median = _median(latencies)
@@ -634,6 +721,8 @@ class LatencyLimit:
         self._round_latencies = []
         self._slow_round_median = None
         self._flat = 0
+        if self._probe_started is not None:
+            self._end_probe(now)
 
     def snapshot(self) -> dict[str, float | int | None]:
         """The state worth exporting per scope (the guide's diagnostic hook)."""
