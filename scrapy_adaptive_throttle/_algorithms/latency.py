@@ -115,10 +115,12 @@ _FLAT = 0.95
 #: before the baseline is replaced.
 _FLAT_ROUNDS = 2
 #: A round with at most this share of fast answers is "mostly slow".
-_MOSTLY_SLOW_FAST_SHARE = 0.0
+_MOSTLY_SLOW_FAST_SHARE = 0.2
 #: A round must be at least this much faster than the baseline (and beyond
 #: its noise) to count as the host having sped up.
 _SPEEDUP = 0.9
+#: Probe answers whose share above the threshold is remembered.
+_PROBE_MEMORY = 64
 #: Growth speed towards the level whose round was last slow.
 _NEAR_FAILED = 0.25
 #: Answers a probe round waits for (requests sent during it).
@@ -202,7 +204,10 @@ class LatencyLimit:
         "_maximum",
         "_minimum",
         "_next_probe_at",
+        "_pool_slow_share",
         "_probe_answers",
+        "_probe_count",
+        "_probe_slow",
         "_probe_started",
         "_raised_at",
         "_round_latencies",
@@ -291,7 +296,7 @@ class LatencyLimit:
         self._round_latencies: list[float] = []
         # The answers of the last rounds without a decrease, until there are
         # enough to tell whether the host sped up.
-        self._faster: list[float] = []
+        self._faster: list[tuple[float, float]] = []
         # The median of the previous mostly slow round (None: the last round
         # was not), and how many such rounds in a row did not get faster.
         self._slow_round_median: float | None = None
@@ -306,6 +311,11 @@ class LatencyLimit:
         self._next_probe_at = -math.inf if probe else math.inf
         self._probe_started: float | None = None
         self._probe_answers = 0
+        # Probe answers above the threshold, out of how many (halved past
+        # _PROBE_MEMORY), and the same share in the baseline's pool.
+        self._probe_slow = 0.0
+        self._probe_count = 0.0
+        self._pool_slow_share = 0.0
 
     @property
     def in_slow_start(self) -> bool:
@@ -373,7 +383,14 @@ class LatencyLimit:
         self._probe_answers = 0
         self._note_limit(now)
 
+    def _probe_share(self) -> float:
+        count = self._probe_count
+        return self._probe_slow / count if count >= _PROBE_SAMPLES / 2 else 0.0
+
     def _end_probe(self, now: float) -> None:
+        self._round_size = round_size_for_noise(
+            max(self._pool_slow_share, self._probe_share())
+        )
         self._probe_started = None
         # Before the samples it brought expire (two windows).
         self._next_probe_at = now + 2 * self.window
@@ -505,10 +522,18 @@ class LatencyLimit:
         threshold = self._threshold(baseline)
         lower = baseline + (threshold - baseline) / 2
         slow_share = (count - bisect_right(pool, threshold)) / count
-        self._round_size = round_size_for_noise(slow_share)
+        self._pool_slow_share = slow_share
+        self._round_size = round_size_for_noise(max(slow_share, self._probe_share()))
         self._steady = bisect_right(pool, lower) == count
 
-    def _rebaseline(self, now: float, baseline: float, latencies: list[float]) -> None:
+    def _rebaseline(
+        self,
+        now: float,
+        baseline: float,
+        latencies: list[float],
+        *,
+        slower: bool = False,
+    ) -> None:
         """The host itself changed speed: start the baseline over."""
         self._levels.clear()
         level = max(1, int(self.limit))
@@ -522,6 +547,12 @@ class LatencyLimit:
         self._slow_round_median = None
         self._flat = 0
         self._faster = []
+        # The host changed: what was too many before says nothing now.
+        self._failed_level = 0
+        if slower:
+            # Three decreases found nothing to fix: the limit the slower
+            # host needs is found again by slow start.
+            self._slow_start = True
         self.rebaseline_count += 1
 
     # -- answers ------------------------------------------------------------------
@@ -538,10 +569,21 @@ class LatencyLimit:
             return
         self.last_latency = latency
         self._record(now, latency, in_flight)
+        self._faster.append((now, latency))
         started = self._probe_started
         if started is not None:
             if now - latency >= started:
                 self._probe_answers += 1
+                # Probe answers are unloaded: their share above the threshold
+                # is the noise a round must beat, whatever error the
+                # baseline's own estimate has (a baseline that came out low
+                # makes more of them slow).
+                if self.best is not None and latency > self._threshold(self.best):
+                    self._probe_slow += 1.0
+                self._probe_count += 1.0
+                if self._probe_count > _PROBE_MEMORY:
+                    self._probe_slow /= 2
+                    self._probe_count /= 2
             if self._probe_answers >= _PROBE_SAMPLES or now - started > max(
                 1.0, 20 * (self.best or 0.0)
             ):
@@ -558,7 +600,7 @@ class LatencyLimit:
         threshold = self._threshold(best)
         if latency <= threshold:
             band = threshold - best
-            step = 2.0 * (threshold - latency) / band if band > 0 else 1.0
+            step = 2.0 * (threshold - latency) / band if 0 < band < math.inf else 1.0
             if step < 1.0 and counted:
                 self._upper += 1
             if step < 1.0 and self._slow_start and self._queue_forming():
@@ -663,19 +705,20 @@ class LatencyLimit:
             self._slow_round_median = None
             self._flat = 0
             best = self.best
-            # A round older than the window may mix two speeds of the host.
-            if best is not None and latencies and now - self._mark <= self.window:
-                faster = self._faster
-                faster.extend(latencies)
+            faster = self._faster
+            # Answers older than the window may mix two speeds of the host.
+            if best is not None and faster and now - faster[0][0] <= self.window:
                 if len(faster) >= _SPEEDUP_SAMPLES:
-                    faster.sort()
-                    # Three quarters of the answers of the last rounds below
-                    # the baseline (and beyond its noise): the host sped up
-                    # (e.g. the end of a slowdown). Noise alone puts half of
-                    # them there.
-                    quartile = faster[(3 * len(faster)) // 4]
-                    if quartile < best * self._speedup_factor(len(faster)):
-                        self._rebaseline(now, _median(faster), faster)
+                    # Every answer since the last slow round, not only those
+                    # that ended a round (the fastest of a burst arrive
+                    # first).
+                    values = sorted(latency for _, latency in faster)
+                    # Three quarters of them below the baseline (and beyond
+                    # its noise): the host sped up (e.g. the end of a
+                    # slowdown). Noise alone puts half of them there.
+                    quartile = values[(3 * len(values)) // 4]
+                    if quartile < best * self._speedup_factor(len(values)):
+                        self._rebaseline(now, _median(values), values)
                     self._faster = []
             else:
                 self._faster = []
@@ -702,7 +745,7 @@ class LatencyLimit:
         if self._flat >= _FLAT_ROUNDS:
             # Lowering the limit three rounds in a row did not bring the
             # latency down: the host is slower, not queueing our requests.
-            self._rebaseline(now, median, latencies)
+            self._rebaseline(now, median, latencies, slower=True)
 
     def on_overload(self, now: float) -> None:
         """Halve the limit on an explicit overload signal (429, 503, ...).
