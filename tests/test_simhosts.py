@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import subprocess
 import sys
 import time
@@ -171,8 +172,6 @@ def test_heavy_tailed_service_time_at_the_server(simhosts: Any) -> None:
 
 
 def test_service_draws_are_seeded() -> None:
-    import random
-
     dist = validate_host_config(noisy_host({"kind": "lognormal"}))["service_dist"]
     first = [draw_service(dist, 0.02, 0.02, random.Random(1)) for _ in range(5)]
     again = [draw_service(dist, 0.02, 0.02, random.Random(1)) for _ in range(5)]
