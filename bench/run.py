@@ -119,6 +119,15 @@ def _rampup(netlocs: dict[str, str]) -> Settings:
     }
 
 
+def _autothrottle(target: float) -> Settings:
+    return {
+        "AUTOTHROTTLE_ENABLED": True,
+        "AUTOTHROTTLE_START_DELAY": 0.05,
+        "AUTOTHROTTLE_TARGET_CONCURRENCY": target,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+    }
+
+
 CONFIGS: dict[str, ConfigSpec] = {
     # Fixed limits go through the plugin: Scrapy 2.19 on the asyncio reactor
     # does not enforce CONCURRENT_REQUESTS_PER_DOMAIN (its download slots let
@@ -136,6 +145,16 @@ CONFIGS: dict[str, ConfigSpec] = {
         "AUTOTHROTTLE_START_DELAY": 0.05,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
     },
+    "fixed-8": _fixed(8),
+    # The add-on and the plain scope manager as in issue 9's noisy hosts.
+    "addon-32": {"ADDONS": ADDON, "CONCURRENT_REQUESTS_PER_DOMAIN": 32},
+    "plain-scope-manager-32": {
+        "ADDONS": ADDON,
+        "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+    },
+    "autothrottle-1": _autothrottle(1.0),
+    "autothrottle-8": _autothrottle(8.0),
     "plain-scope-manager": {
         "ADDONS": ADDON,
         "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
@@ -249,6 +268,48 @@ class Scenario:
     note: str = ""
 
 
+#: The noisy hosts of issue 9: host A's 8 workers, median 20 ms, queue 16,
+#: with a random service time; crawled as a new user would (add-on
+#: defaults, CONCURRENT_REQUESTS_PER_DOMAIN 32, CONCURRENT_REQUESTS 64).
+NOISY_CONFIGS = [
+    "probe",
+    "fixed-2",
+    "fixed-8",
+    "autothrottle-1",
+    "autothrottle-8",
+    "plain-scope-manager-32",
+    "addon-32",
+]
+NOISY_DISTS: dict[str, dict[str, Any]] = {
+    "noisy-lognormal-0.3": {"kind": "lognormal", "sigma": 0.3},
+    "noisy-lognormal-0.6": {"kind": "lognormal", "sigma": 0.6},
+    "noisy-lognormal-1.0": {"kind": "lognormal", "sigma": 1.0},
+    "noisy-bimodal": {
+        "kind": "bimodal",
+        "fast": 0.005,
+        "slow": 0.08,
+        "fast_share": 0.7,
+    },
+    "noisy-heavy-tailed": {"kind": "heavy_tailed", "share": 0.05},
+}
+
+
+def _noisy_scenario(name: str, dist: dict[str, Any]) -> Scenario:
+    return Scenario(
+        name=name,
+        description=f"8 workers, service time {dist}, queue 16",
+        hosts=[{**HOST_A, "service_dist": dist}],
+        pages={"A": 2000},
+        quick_pages={"A": 600},
+        configs=NOISY_CONFIGS,
+        # Each configuration sets CONCURRENT_REQUESTS_PER_DOMAIN (32, or its
+        # fixed limit).
+        settings={"CONCURRENT_REQUESTS": 64},
+        max_seconds=40.0,
+        quick_max_seconds=10.0,
+    )
+
+
 SCENARIOS: dict[str, Scenario] = {
     scenario.name: scenario
     for scenario in [
@@ -325,6 +386,7 @@ SCENARIOS: dict[str, Scenario] = {
             note="NB: a sliding 1-s window admits a burst of N at the start, so "
             "short runs can exceed N pages/s (by up to N/duration).",
         ),
+        *(_noisy_scenario(name, dist) for name, dist in NOISY_DISTS.items()),
     ]
 }
 

@@ -12,7 +12,19 @@ crawl's throughput can be compared with it:
     "Adapting Crawl Rate to Host Latency" (capacity = workers / service_time).
     ``schedule`` (a list of ``[t_start, t_end, service_time]``) changes the
     service time for requests that *start service* at host-time ``t`` in
-    ``[t_start, t_end)``.
+    ``[t_start, t_end)``. ``service_dist`` makes the service time of each
+    request random around that base (drawn from an RNG seeded by ``seed``,
+    default 1, so runs are reproducible):
+
+    * ``{"kind": "constant"}`` (the default): the base, exactly;
+    * ``{"kind": "lognormal", "sigma": 0.6}``: base x exp(N(0, sigma)), so
+      the base is the median;
+    * ``{"kind": "bimodal", "fast": 0.005, "slow": 0.08, "fast_share":
+      0.7}``: *fast* or *slow* seconds (cache hits and misses), scaled by
+      base / the scenario's ``service_time`` during a ``schedule`` entry;
+    * ``{"kind": "heavy_tailed", "share": 0.05, "low": 10, "high": 50}``: a
+      *share* of requests take *low* to *high* times the base (uniform), the
+      others the base.
 ``ratelimit``
     At most ``rate`` requests in any sliding 1-second window are served (after
     ``service_time``, with unlimited parallelism); the others get ``429`` with
@@ -59,7 +71,9 @@ import argparse
 import atexit
 import contextlib
 import json
+import math
 import os
+import random
 import select
 import subprocess
 import sys
@@ -79,6 +93,67 @@ from twisted.web.server import NOT_DONE_YET, Site
 CONTROL_PATHS = (b"/_stats", b"/_reset", b"/_config")
 KINDS = ("queue", "ratelimit", "unlimited")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+SERVICE_DISTS = ("constant", "lognormal", "bimodal", "heavy_tailed")
+
+
+def validate_service_dist(name: str, dist: Any) -> dict[str, Any]:
+    """Return *dist* with defaults filled in; raise ValueError naming the field."""
+    if not isinstance(dist, dict):
+        raise ValueError(f"host {name!r}: 'service_dist' must be a dict, not {dist!r}")
+    dist = dict(dist)
+    kind = dist.setdefault("kind", "constant")
+    if kind not in SERVICE_DISTS:
+        raise ValueError(
+            f"host {name!r}: service_dist 'kind' must be one of {SERVICE_DISTS}, "
+            f"not {kind!r}"
+        )
+
+    def number(field: str, default: float, low: float, high: float) -> None:
+        value = dist.setdefault(field, default)
+        if not isinstance(value, int | float) or not low <= float(value) <= high:
+            raise ValueError(
+                f"host {name!r}: service_dist {kind!r} needs {field!r} in "
+                f"[{low}, {high}], not {value!r}"
+            )
+
+    if kind == "lognormal":
+        number("sigma", 0.6, 0.0, 5.0)
+    elif kind == "bimodal":
+        number("fast", 0.005, 0.0, 3600.0)
+        number("slow", 0.08, 0.0, 3600.0)
+        number("fast_share", 0.7, 0.0, 1.0)
+    elif kind == "heavy_tailed":
+        number("share", 0.05, 0.0, 1.0)
+        number("low", 10.0, 0.0, 1e6)
+        number("high", 50.0, 0.0, 1e6)
+        if dist["high"] < dist["low"]:
+            raise ValueError(
+                f"host {name!r}: service_dist 'high' ({dist['high']!r}) is below "
+                f"'low' ({dist['low']!r})"
+            )
+    return dist
+
+
+def draw_service(dist: dict[str, Any], base: float, nominal: float, rng: Any) -> float:
+    """One request's service time for a validated *dist* around *base*.
+
+    *nominal* is the host's own ``service_time``: bimodal times scale with
+    ``base / nominal`` (a slowdown slows hits and misses alike).
+    """
+    kind = dist["kind"]
+    if kind == "lognormal":
+        return base * math.exp(rng.gauss(0.0, dist["sigma"]))
+    if kind == "bimodal":
+        scale = base / nominal if nominal > 0 else 1.0
+        value = dist["fast"] if rng.random() < dist["fast_share"] else dist["slow"]
+        return float(value) * scale
+    if kind == "heavy_tailed":
+        if rng.random() < dist["share"]:
+            return base * rng.uniform(dist["low"], dist["high"])
+        return base
+    return base
 
 
 def validate_host_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -104,6 +179,10 @@ def validate_host_config(config: dict[str, Any]) -> dict[str, Any]:
         host.setdefault("schedule", [])
         if int(host.get("workers", 0)) < 1:
             raise ValueError(f"host {name!r}: kind 'queue' needs 'workers' >= 1")
+        host["service_dist"] = validate_service_dist(
+            name, host.get("service_dist", {"kind": "constant"})
+        )
+        host.setdefault("seed", 1)
         for entry in host["schedule"]:
             if len(entry) != 3:
                 raise ValueError(
@@ -170,6 +249,10 @@ class Host:
             for start, end, service in config.get("schedule", [])
         ]
         self.rate = float(config.get("rate", 0))
+        self.service_dist: dict[str, Any] = config.get(
+            "service_dist", {"kind": "constant"}
+        )
+        self.rng = random.Random(config.get("seed", 1))
         robots = config.get("robots_txt")
         self.robots_txt = robots.encode() if isinstance(robots, str) else None
         # Service state survives /_reset: requests in service keep their
@@ -280,6 +363,10 @@ class Host:
 
     def start_service(self, job: _Job, host_time: float) -> None:
         service = self.service_time_at(host_time)
+        if self.service_dist["kind"] != "constant":
+            service = draw_service(
+                self.service_dist, service, self.service_time, self.rng
+            )
         if job.overrides and "delay" in job.overrides:
             service += job.overrides["delay"]
         if service <= 0:

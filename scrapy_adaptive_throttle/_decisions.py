@@ -258,7 +258,7 @@ def limit_changed(manager: Any, old: int, new: int, now: float) -> None:
         manager.id,
         now,
         "limit",
-        "Adaptive limit of scope %s: %d -> %d (latency %s, recent best %s)",
+        "Adaptive limit of scope %s: %d -> %d (latency %s, baseline %s)",
         manager.id,
         old,
         new,

@@ -3,8 +3,8 @@
 :class:`LatencyScopeManager` is the default scope manager with one change: its
 concurrency limit is not fixed but adapted to the scope's response times by
 :class:`~scrapy_adaptive_throttle._algorithms.latency.LatencyLimit` (additive
-increase while latency stays within a tolerance of the recent best,
-multiplicative decrease on slow answers and overloads), between a floor
+increase while latency stays within a tolerance of the host's unloaded median
+latency, multiplicative decrease on slow rounds and overloads), between a floor
 (``min_concurrency``) and a ceiling (the scope's concurrency, as the default
 manager would enforce it). Delays, jitter, backoff, quotas and robots.txt
 Crawl-delay work as in :class:`~scrapy_adaptive_throttle.ThrottlingScopeManager`,
@@ -57,16 +57,20 @@ class LatencyScopeManager(ThrottlingScopeManager):
 
     The limit starts at :setting:`THROTTLING_LATENCY_INITIAL_CONCURRENCY`;
     each normal response whose latency is within
-    :setting:`THROTTLING_LATENCY_TOLERANCE` times the recent best latency
-    (the minimum over the last one or two :setting:`THROTTLING_LATENCY_WINDOW`
-    seconds) raises it by about ``1 / limit`` while the limit is in use (a
-    whole request until a queue first shows: slow start), a round of
-    responses mostly slower multiplies it by 0.9, and a backoff trigger
-    halves it. It never leaves ``[min_concurrency, ceiling]``, where the
-    ceiling is the scope's concurrency (its ``"concurrency"``, else the
-    default for its kind, e.g. :setting:`CONCURRENT_REQUESTS_PER_DOMAIN`;
-    without any, :setting:`CONCURRENT_REQUESTS`), lowered by a robots.txt
-    Crawl-delay. The rule is
+    :setting:`THROTTLING_LATENCY_TOLERANCE` times the baseline latency (the
+    median latency of the least loaded responses of the last two
+    :setting:`THROTTLING_LATENCY_WINDOW` seconds: the host's unloaded median)
+    raises it by about ``1 / limit`` while the limit is in use (a whole
+    request until a queue first shows: slow start), a round of responses
+    mostly slower multiplies it by 0.9 (on a noisy host a round pools enough
+    responses for its median to beat the noise), and a backoff trigger
+    halves it. Every two windows a probe round halves the limit for a few
+    responses, to measure the host unloaded. It never leaves
+    ``[min_concurrency, ceiling]``, where the ceiling is the scope's
+    concurrency (its ``"concurrency"``, else the default for its kind, e.g.
+    :setting:`CONCURRENT_REQUESTS_PER_DOMAIN`; without any,
+    :setting:`CONCURRENT_REQUESTS`), lowered by a robots.txt Crawl-delay.
+    The rule is
     :class:`~scrapy_adaptive_throttle._algorithms.latency.LatencyLimit`.
 
     :attr:`concurrency` is the whole-number limit enforced now;
@@ -88,7 +92,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
             window=settings.latency_window,
             resolution=LATENCY_RESOLUTION,
         )
-        self._current = int(limit.limit)
+        self._current = limit.current()
         self._http_codes = settings.http_codes
         self._backoff_at: float | None = None
         # Latency samples, and those taken at the floor or at the ceiling:
@@ -121,7 +125,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
         limit = self._latency_limit
         if limit is not None:
             limit.set_bounds(self._min_concurrency, self._ceiling)
-            self._set_current(int(limit.limit))
+            self._set_current(limit.current())
 
     # -- concurrency ------------------------------------------------------
 
@@ -175,6 +179,21 @@ class LatencyScopeManager(ThrottlingScopeManager):
 
     # -- adapting ---------------------------------------------------------------
 
+    def record_sent(
+        self, now: float | None = None, amount: float | None = None
+    ) -> None:
+        """Record a send, and tell the adaptive limit how many are in flight.
+
+        The in-flight count at send time is the load the answer's latency
+        measures (the baseline is made of the least loaded answers).
+        """
+        if now is None:
+            now = monotonic()
+        super().record_sent(now, amount)
+        limit = self._latency_limit
+        if limit is not None:
+            limit.on_sent(now, self.active)
+
     def record_backoff(
         self, delay: float | None = None, now: float | None = None, cap: bool = True
     ) -> None:
@@ -189,7 +208,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
         super().record_backoff(delay, now, cap)
         limit = self.latency_limit
         limit.on_overload(now)
-        self._current = int(limit.limit)
+        self._current = limit.current()
         self._backoff_at = now
 
     def record_response(
@@ -213,7 +232,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
             limit.on_error_response(now, latency)
         else:
             limit.on_response(now, latency, self.active)
-        current = int(limit.limit)
+        current = limit.current()
         if current != self._current:
             limit_changed(self, self._current, current, now)
             self._set_current(current)
@@ -228,10 +247,13 @@ class LatencyScopeManager(ThrottlingScopeManager):
     def get_state(self, now: float | None = None) -> dict[str, Any]:
         """The default diagnostics plus the adaptive limit's state.
 
-        ``limit`` is the whole-number limit enforced now, ``limit_value`` its
-        fractional value, ``floor``/``ceiling`` its bounds, ``best_latency``
-        the recent best latency and ``last_latency`` the last one (seconds,
-        ``None`` before the first sample), ``at_floor_share`` and
+        ``limit`` is the whole-number limit enforced now (halved during a
+        probe round, ``probing``), ``limit_value`` its fractional value,
+        ``floor``/``ceiling`` its bounds, ``best_latency`` the baseline
+        latency (the host's estimated unloaded median) and ``last_latency``
+        the last one (seconds, ``None`` before the first sample),
+        ``round_size`` the responses a round needs at least (more on a noisy
+        host), ``at_floor_share`` and
         ``at_ceiling_share`` the share of latency samples taken with the
         limit at either bound.
         """
@@ -251,6 +273,8 @@ class LatencyScopeManager(ThrottlingScopeManager):
             overload_count=limit.overload_count,
             rebaseline_count=limit.rebaseline_count,
             slow_start=limit.in_slow_start,
+            probing=limit.probing,
+            round_size=limit.round_size,
             latency_samples=samples,
             at_floor_share=self._at_floor / samples if samples else 0.0,
             at_ceiling_share=self._at_ceiling / samples if samples else 0.0,

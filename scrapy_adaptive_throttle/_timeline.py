@@ -1,6 +1,6 @@
 """Traffic per scope (responses and latency percentiles) and the timeline file.
 
-Scope managers keep what they need to decide (the recent best latency), not
+Scope managers keep what they need to decide (the baseline latency), not
 what a person needs to judge a crawl (how latency was distributed, how many
 pages each scope served). :class:`ScopeTraffic` records that, cheaply enough
 for 100 000 scopes: a response costs a dict update, and a latency histogram

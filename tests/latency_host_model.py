@@ -20,7 +20,51 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Client", "CrawlResult", "SimulatedHost", "mean", "simulate"]
+__all__ = [
+    "Client",
+    "CrawlResult",
+    "SimulatedHost",
+    "bimodal",
+    "heavy_tailed",
+    "lognormal",
+    "mean",
+    "simulate",
+]
+
+
+def lognormal(sigma: float) -> Callable[[random.Random, float], float]:
+    """Service times lognormal around the base (its median), shape *sigma*."""
+
+    def draw(rng: random.Random, service: float) -> float:
+        return service * math.exp(rng.gauss(0.0, sigma))
+
+    return draw
+
+
+def bimodal(
+    fast: float, slow: float, fast_share: float
+) -> Callable[[random.Random, float], float]:
+    """Cache hits and misses: *fast* or *slow* seconds (x the base / 0.02,
+    so that ``service=0.02`` gives them as given), +-10%."""
+
+    def draw(rng: random.Random, service: float) -> float:
+        value = fast if rng.random() < fast_share else slow
+        return value * service / 0.02 * rng.uniform(0.9, 1.1)
+
+    return draw
+
+
+def heavy_tailed(
+    share: float, low: float = 10.0, high: float = 50.0
+) -> Callable[[random.Random, float], float]:
+    """A *share* of answers *low* to *high* times the base, the rest +-10%."""
+
+    def draw(rng: random.Random, service: float) -> float:
+        if rng.random() < share:
+            return service * rng.uniform(low, high)
+        return service * rng.uniform(0.9, 1.1)
+
+    return draw
 
 
 @dataclass
@@ -28,7 +72,11 @@ class SimulatedHost:
     """``workers`` x ``service`` seconds, a FIFO queue of ``queue`` requests.
 
     ``service_at(now)``, if given, changes the service time of requests
-    starting service at ``now`` (a slowdown).
+    starting service at ``now`` (a slowdown). ``draw(rng, service)``, if
+    given, draws one request's service time around the base ``service``
+    (a noisy host: see :func:`lognormal`, :func:`bimodal`,
+    :func:`heavy_tailed`); without it, the service time is spread uniformly
+    by ``noise`` around the base.
     """
 
     workers: int
@@ -36,6 +84,7 @@ class SimulatedHost:
     queue: int = 16
     noise: float = 0.1
     service_at: Callable[[float], float] | None = None
+    draw: Callable[[random.Random, float], float] | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(1))
     _free_at: list[float] = field(default_factory=list)
     _waiting_starts: list[float] = field(default_factory=list)
@@ -45,8 +94,15 @@ class SimulatedHost:
 
     @property
     def capacity(self) -> float:
-        """Pages per second with every worker busy."""
-        return self.workers / self.service
+        """Pages per second with every worker busy (at the mean service time)."""
+        return self.workers / self.mean_service()
+
+    def mean_service(self, samples: int = 20000) -> float:
+        """The mean service time (estimated with a separate seeded draw)."""
+        if self.draw is None:
+            return self.service
+        rng = random.Random(12345)
+        return sum(self.draw(rng, self.service) for _ in range(samples)) / samples
 
     def submit(self, now: float) -> tuple[float, bool]:
         """Return when the answer arrives and whether it is a 503."""
@@ -55,7 +111,10 @@ class SimulatedHost:
             return now + 0.001, True
         start = max(now, heapq.heappop(self._free_at))
         base = self.service_at(start) if self.service_at is not None else self.service
-        service = base * self.rng.uniform(1 - self.noise, 1 + self.noise)
+        if self.draw is not None:
+            service = self.draw(self.rng, base)
+        else:
+            service = base * self.rng.uniform(1 - self.noise, 1 + self.noise)
         heapq.heappush(self._free_at, start + service)
         if start > now:
             self._waiting_starts.append(start)

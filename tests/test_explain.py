@@ -239,7 +239,7 @@ def test_adaptive_limit_changes_are_logged_with_throttling_debug(
         if record.getMessage().startswith("Adaptive limit of scope")
     ]
     assert changes[0] == (
-        f"Adaptive limit of scope {SCOPE}: 2 -> 3 (latency 50 ms, recent best 50 ms)"
+        f"Adaptive limit of scope {SCOPE}: 2 -> 3 (latency 50 ms, baseline 50 ms)"
     )
     # Rate-limited: a burst of 5, however many changes there were.
     assert len(changes) == 5

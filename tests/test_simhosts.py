@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from bench.run import (
     throughput_series,
     windowed_counts,
 )
-from bench.simhosts import SimHosts
+from bench.simhosts import SimHosts, draw_service, validate_host_config
 from tests.spiders import PagesSpider, run_crawl
 
 
@@ -117,6 +118,81 @@ def test_schedule_changes_service_time(simhosts: Any) -> None:
     assert arrivals[1][0] >= 0.5
     assert arrivals[0][4] < 0.2
     assert arrivals[1][4] >= 0.3
+
+
+def served_times(hosts: Any, name: str, count: int) -> list[float]:
+    """Fetch *count* pages 16 at a time; the server's response times."""
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(fetch, [hosts.url(name, f"/p/{i}") for i in range(count)]))
+    return sorted(a[4] for a in hosts.stats(name)["arrivals"] if a[3] == 200)
+
+
+def share(values: list[float], predicate: Any) -> float:
+    return sum(1 for value in values if predicate(value)) / len(values)
+
+
+def noisy_host(dist: dict[str, Any], service_time: float = 0.02) -> dict[str, Any]:
+    # Enough workers that nothing queues: response time = service time.
+    return {
+        "name": "N",
+        "kind": "queue",
+        "workers": 64,
+        "service_time": service_time,
+        "service_dist": dist,
+    }
+
+
+def test_lognormal_service_time_at_the_server(simhosts: Any) -> None:
+    hosts = simhosts(noisy_host({"kind": "lognormal", "sigma": 0.6}))
+    times = served_times(hosts, "N", 400)
+    median = times[len(times) // 2]
+    # The base is the median; a quarter of the answers above 1.5 x it
+    # (P(Z > ln 1.5 / 0.6) = 0.25), about as many below it / 1.5.
+    assert 0.017 <= median <= 0.025
+    assert 0.17 <= share(times, lambda t: t > 0.03) <= 0.35
+    assert 0.15 <= share(times, lambda t: t < 0.0133) <= 0.32
+
+
+def test_bimodal_service_time_at_the_server(simhosts: Any) -> None:
+    dist = {"kind": "bimodal", "fast": 0.005, "slow": 0.08, "fast_share": 0.7}
+    hosts = simhosts(noisy_host(dist))
+    times = served_times(hosts, "N", 400)
+    assert 0.6 <= share(times, lambda t: t < 0.03) <= 0.8
+    assert all(t >= 0.08 for t in times if t >= 0.03)
+    assert times[len(times) // 2] < 0.02
+
+
+def test_heavy_tailed_service_time_at_the_server(simhosts: Any) -> None:
+    dist = {"kind": "heavy_tailed", "share": 0.1, "low": 10, "high": 20}
+    hosts = simhosts(noisy_host(dist, service_time=0.01))
+    times = served_times(hosts, "N", 300)
+    assert 0.04 <= share(times, lambda t: t >= 0.09) <= 0.18
+    assert times[len(times) // 2] < 0.03
+    assert max(times) <= 0.3
+
+
+def test_service_draws_are_seeded() -> None:
+    dist = validate_host_config(noisy_host({"kind": "lognormal"}))["service_dist"]
+    first = [draw_service(dist, 0.02, 0.02, random.Random(1)) for _ in range(5)]
+    again = [draw_service(dist, 0.02, 0.02, random.Random(1)) for _ in range(5)]
+    assert first == again
+    assert dist["sigma"] == 0.6
+
+
+@pytest.mark.parametrize(
+    ("dist", "message"),
+    [
+        ({"kind": "gamma"}, "service_dist 'kind'"),
+        ({"kind": "lognormal", "sigma": -1}, "'sigma'"),
+        ({"kind": "bimodal", "fast_share": 1.5}, "'fast_share'"),
+        ({"kind": "heavy_tailed", "low": 50, "high": 10}, "'high'"),
+        ("lognormal", "must be a dict"),
+    ],
+)
+def test_invalid_service_dist_names_the_host_and_field(dist: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        validate_host_config(noisy_host(dist))
+    assert "'N'" in str(error.value)
 
 
 def test_ratelimit_host_answers_429_past_rate(simhosts: Any) -> None:

@@ -74,12 +74,12 @@ def test_invalid_arguments(kwargs: dict[str, Any]) -> None:
 
 
 def test_current_is_the_integer_part() -> None:
-    limit = LatencyLimit(slow_start=False, initial=3.99)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=3.99)
     assert limit.current() == 3
 
 
 def test_fast_answers_grow_by_one_over_limit() -> None:
-    limit = LatencyLimit(slow_start=False, initial=2.0)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=2.0)
     limit.on_response(0.0, 0.1, in_flight=2)
     assert limit.limit == 2.5
     assert limit.best == limit.last_latency == 0.1
@@ -96,14 +96,14 @@ def test_fast_answers_grow_by_one_over_limit() -> None:
 def test_growth_tapers_off_towards_the_tolerance(
     latency: float, expected: float
 ) -> None:
-    limit = LatencyLimit(slow_start=False, initial=2.0)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=2.0)
     limit.on_response(0.0, 0.1, in_flight=0)  # best 0.1; idle: no growth
     limit.on_response(1.0, latency, in_flight=2)
     assert limit.limit == pytest.approx(expected)
 
 
 def test_tolerance_of_one_grows_on_the_best_latency() -> None:
-    limit = LatencyLimit(slow_start=False, initial=2.0, tolerance=1.0)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=2.0, tolerance=1.0)
     limit.on_response(0.0, 0.1, in_flight=2)
     assert limit.limit == 2.5
 
@@ -148,14 +148,14 @@ def test_slow_start_needs_the_limit_in_use() -> None:
 def test_resolution_is_the_smallest_added_latency_that_counts(
     latency: float, slow: bool
 ) -> None:
-    limit = LatencyLimit(slow_start=False, initial=2.0, resolution=0.005)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=2.0, resolution=0.005)
     limit.on_response(0.0, 0.001, in_flight=0)  # best: 1 ms
     limit.on_response(1.0, latency, in_flight=2)
     assert (limit.decrease_count == 1) is slow
 
 
 def test_growth_needs_the_limit_in_use() -> None:
-    limit = LatencyLimit(slow_start=False, initial=4.0)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=4.0)
     limit.on_response(0.0, 0.1, in_flight=2)
     assert limit.limit == 4.0
     limit.on_response(0.0, 0.1, in_flight=3)
@@ -163,7 +163,7 @@ def test_growth_needs_the_limit_in_use() -> None:
 
 
 def test_growth_stops_at_maximum() -> None:
-    limit = LatencyLimit(slow_start=False, initial=3.9, maximum=4)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=3.9, maximum=4)
     limit.on_response(0.0, 0.1, in_flight=4)
     assert limit.limit == 4.0
     limit.on_response(0.2, 0.1, in_flight=4)
@@ -172,7 +172,7 @@ def test_growth_stops_at_maximum() -> None:
 
 
 def test_answers_to_requests_older_than_a_raise_do_not_raise_again() -> None:
-    limit = LatencyLimit(slow_start=False, initial=2.9, maximum=10)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=2.9, maximum=10)
     limit.on_response(1.0, 0.1, in_flight=2)  # 2.9 -> 3.24: raised at t=1.0
     assert limit.current() == 3
     # Sent at 0.95, before the raise: it tested a limit of 2, not 3.
@@ -184,7 +184,7 @@ def test_answers_to_requests_older_than_a_raise_do_not_raise_again() -> None:
 
 
 def test_one_slow_answer_in_a_round_is_noise() -> None:
-    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=8.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     for step in range(1, 8):
         limit.on_response(step, 0.3 if step == 3 else 0.11, in_flight=1)
@@ -193,7 +193,7 @@ def test_one_slow_answer_in_a_round_is_noise() -> None:
 
 
 def test_a_slow_round_decreases_once() -> None:
-    limit = LatencyLimit(slow_start=False, initial=12.0, maximum=16)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=12.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     # Six slow answers of twelve: half the round is slow.
     for index in range(6):
@@ -213,7 +213,7 @@ def test_a_slow_round_decreases_once() -> None:
 
 
 def test_a_decrease_below_ten_is_one_request() -> None:
-    limit = LatencyLimit(slow_start=False, initial=4.5, maximum=16)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=4.5, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_response(1.0, 0.3, in_flight=4)
     assert limit.limit == 4.5
@@ -222,7 +222,7 @@ def test_a_decrease_below_ten_is_one_request() -> None:
 
 
 def test_a_round_with_most_answers_fast_does_not_decrease() -> None:
-    limit = LatencyLimit(slow_start=False, initial=4.0, maximum=4)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=4.0, maximum=4)
     limit.on_response(0.0, 0.1, in_flight=1)
     for now, latency in [(1.0, 0.3), (1.01, 0.12), (1.02, 0.12), (1.03, 0.12)]:
         limit.on_response(now, latency, in_flight=4)
@@ -231,7 +231,7 @@ def test_a_round_with_most_answers_fast_does_not_decrease() -> None:
 
 
 def test_decrease_stops_at_minimum() -> None:
-    limit = LatencyLimit(slow_start=False, initial=3.0, minimum=2)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=3.0, minimum=2)
     limit.on_response(0.0, 0.1, in_flight=0)
     limit.on_response(1.0, 0.5, in_flight=3)
     limit.on_response(1.01, 0.5, in_flight=3)
@@ -243,14 +243,14 @@ def test_decrease_stops_at_minimum() -> None:
 
 
 def test_overload_halves_at_once() -> None:
-    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=8.0, maximum=16)
     limit.on_overload(0.0)
     assert limit.limit == 4.0
     assert limit.current() == 4
 
 
 def test_overload_halves_once_per_round() -> None:
-    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=8.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_overload(1.0)
     limit.on_overload(1.01)
@@ -268,7 +268,7 @@ def test_overload_halves_once_per_round() -> None:
 
 
 def test_overload_after_a_slow_round_still_halves() -> None:
-    limit = LatencyLimit(slow_start=False, initial=8.0, maximum=16)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=8.0, maximum=16)
     limit.on_response(0.0, 0.1, in_flight=1)
     for index in range(4):
         limit.on_response(1.0 + index / 100, 0.3, in_flight=8)
@@ -279,7 +279,7 @@ def test_overload_after_a_slow_round_still_halves() -> None:
 
 @pytest.mark.parametrize("latency", [math.nan, math.inf, -0.1, 0.0])
 def test_unusable_latency_is_ignored(latency: float) -> None:
-    limit = LatencyLimit(slow_start=False)
+    limit = LatencyLimit(probe=False, slow_start=False)
     limit.on_response(0.0, latency, in_flight=2)
     limit.on_error_response(0.0, latency)
     assert limit.best is None
@@ -288,7 +288,7 @@ def test_unusable_latency_is_ignored(latency: float) -> None:
 
 
 def test_fast_error_page_neither_raises_nor_sets_the_best() -> None:
-    limit = LatencyLimit(slow_start=False, initial=2.0)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=2.0)
     limit.on_response(0.0, 0.1, in_flight=0)
     limit.on_error_response(1.0, 0.01)
     assert limit.best == 0.1
@@ -297,7 +297,7 @@ def test_fast_error_page_neither_raises_nor_sets_the_best() -> None:
 
 
 def test_slow_error_pages_count_as_slow_answers() -> None:
-    limit = LatencyLimit(slow_start=False, initial=4.0)
+    limit = LatencyLimit(probe=False, slow_start=False, initial=4.0)
     limit.on_error_response(0.0, 1.0)  # no best yet: nothing to compare with
     limit.on_response(0.5, 0.1, in_flight=1)
     limit.on_error_response(1.0, 0.5)
@@ -305,21 +305,23 @@ def test_slow_error_pages_count_as_slow_answers() -> None:
     assert limit.limit == 3.0
 
 
-def test_best_expires_after_the_previous_window() -> None:
-    limit = LatencyLimit(slow_start=False, window=10.0)
+def test_baseline_is_the_median_of_fresh_samples() -> None:
+    # The baseline is the (lower) median of the samples, not their minimum:
+    # with noisy latency most normal answers are above the minimum.
+    limit = LatencyLimit(probe=False, slow_start=False, window=10.0)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_response(5.0, 0.3, in_flight=1)
     assert limit.best == 0.1
-    # A new window starts; the previous window's best still counts.
     limit.on_response(11.0, 0.3, in_flight=1)
-    assert limit.best == 0.1
-    # And another one: now only samples since t=11 count.
-    limit.on_response(22.0, 0.4, in_flight=1)
     assert limit.best == 0.3
+    # Samples expire after two windows: only those since t=2 count at t=22.
+    limit.on_response(22.0, 0.05, in_flight=1)
+    limit.on_response(22.1, 0.05, in_flight=1)
+    assert limit.best == 0.05
 
 
 def test_best_expires_after_a_long_gap() -> None:
-    limit = LatencyLimit(slow_start=False, window=10.0)
+    limit = LatencyLimit(probe=False, slow_start=False, window=10.0)
     limit.on_response(0.0, 0.1, in_flight=1)
     limit.on_response(25.0, 0.3, in_flight=1)
     assert limit.best == 0.3
@@ -335,10 +337,14 @@ def slow_rounds(limit: LatencyLimit, start: float, latencies: list[float]) -> No
 
 
 def test_a_slowdown_the_limit_cannot_fix_becomes_the_baseline() -> None:
-    limit = LatencyLimit(slow_start=False, initial=12.0, maximum=16, window=30.0)
+    limit = LatencyLimit(
+        probe=False, slow_start=False, initial=12.0, maximum=16, window=30.0
+    )
     limit.on_response(0.0, 0.02, in_flight=1)
-    # The first round still has that fast answer; three all-slow rounds
-    # follow, whose fastest answers do not get faster.
+    limit.on_response(0.01, 0.02, in_flight=1)
+    # The first round still has those fast answers (a quarter of it: not
+    # mostly slow); three mostly slow rounds follow, whose medians do not get
+    # faster.
     slow_rounds(limit, 1.0, [0.08, 0.08, 0.08])
     assert limit.rebaseline_count == 0
     slow_rounds(limit, 2.0, [0.08])
@@ -354,7 +360,9 @@ def test_a_slowdown_the_limit_cannot_fix_becomes_the_baseline() -> None:
 
 
 def test_a_queue_of_our_own_is_not_a_slowdown() -> None:
-    limit = LatencyLimit(slow_start=False, initial=16.0, maximum=16, window=30.0)
+    limit = LatencyLimit(
+        probe=False, slow_start=False, initial=16.0, maximum=16, window=30.0
+    )
     limit.on_response(0.0, 0.02, in_flight=1)
     # Every answer is slow, but each decrease makes them faster: the latency
     # is the crawler's own queue at the host.
@@ -365,7 +373,9 @@ def test_a_queue_of_our_own_is_not_a_slowdown() -> None:
 
 
 def test_snapshot() -> None:
-    limit = LatencyLimit(slow_start=False, initial=3.5, minimum=2, maximum=6)
+    limit = LatencyLimit(
+        probe=False, slow_start=False, initial=3.5, minimum=2, maximum=6
+    )
     limit.on_response(0.0, 0.25, in_flight=1)
     assert limit.snapshot() == {
         "limit": 3.5,
@@ -394,6 +404,7 @@ class LimitClient:
 
     def sent(self, now: float) -> None:
         self.in_flight += 1
+        self.latency_limit.on_sent(now, self.in_flight)
 
     def answered(self, now: float, latency: float, overloaded: bool) -> None:
         if overloaded:

@@ -1,0 +1,322 @@
+"""The latency limit on noisy hosts: synthetic traces and a simulated host.
+
+Issue 9: on a host whose service time varies (lognormal, bimodal, heavy
+tailed), noise alone must never shrink the limit, and a queue must, within a
+couple of rounds. Everything runs on a fake clock, seeded, in a few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scrapy_adaptive_throttle._algorithms import LatencyLimit
+from tests.latency_host_model import (
+    SimulatedHost,
+    bimodal,
+    heavy_tailed,
+    lognormal,
+    simulate,
+)
+
+Draw = Callable[[random.Random, float], float]
+
+MEDIAN = 0.02
+
+#: Known gaps, pinned so that a fix shows (strict xfail): the baseline is the
+#: median of about 32 early unloaded answers, whose standard error at sigma
+#: 0.6-1.0 is 13-22%; a baseline that comes out 15-25% low makes noise read
+#: as slow and holds the limit below what the host allows (these seeds: 0.84,
+#: 0.75 and 0.92 of the unloaded median).
+#: On the bimodal host a request queued behind a miss waits 16 hits: the
+#: median at the settled limit is 1.55 x the unloaded one in this seed.
+BIMODAL_QUEUE = pytest.mark.xfail(
+    strict=True, reason="bimodal host: settled median 1.55 x the unloaded one"
+)
+LOW_BASELINE = pytest.mark.xfail(
+    strict=True, reason="baseline from ~32 early answers came out 8-25% low"
+)
+DISTRIBUTIONS: dict[str, Draw] = {
+    "lognormal-0.3": lognormal(0.3),
+    "lognormal-0.6": lognormal(0.6),
+    "lognormal-1.0": lognormal(1.0),
+    # 70% at 5 ms, 30% at 80 ms (cache hits and misses).
+    "bimodal": bimodal(0.005, 0.08, 0.7),
+    # 5% of the answers 10-50 times the median.
+    "heavy-tailed": heavy_tailed(0.05),
+}
+
+
+def unloaded_median(draw: Draw, service: float = MEDIAN) -> float:
+    rng = random.Random(99)
+    return statistics.median(draw(rng, service) for _ in range(20000))
+
+
+class Rounds:
+    """Drive a limit in rounds: ``current()`` requests in flight, each
+    answered after ``latency_of(in_flight, rng)``; the next round starts when
+    the last answer is in (a fluid host: no model of its queue beyond what
+    ``latency_of`` says, and a crawler that refills every slot at once)."""
+
+    def __init__(self, limit: LatencyLimit, seed: int = 1) -> None:
+        self.limit = limit
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.limits: list[int] = []
+
+    def run(
+        self, rounds: int, latency_of: Callable[[int, random.Random], float]
+    ) -> None:
+        limit = self.limit
+        for _ in range(rounds):
+            count = limit.current()
+            sent = self.now
+            for _ in range(count):
+                limit.on_sent(sent, count)
+            answers = sorted(latency_of(count, self.rng) for _ in range(count))
+            for latency in answers:
+                # The crawler refills each slot at once: count in flight.
+                limit.on_response(sent + latency, latency, count)
+            self.now = sent + answers[-1] + 0.001
+            self.limits.append(limit.current())
+
+
+def noise_only(draw: Draw) -> Callable[[int, random.Random], float]:
+    """A host with more workers than the limit can reach: no queue, ever."""
+    return lambda _in_flight, rng: draw(rng, MEDIAN)
+
+
+def queueing(
+    draw: Draw, workers: Callable[[], int]
+) -> Callable[[int, random.Random], float]:
+    """Each request beyond the workers adds a service time / workers of wait
+    (a fluid FIFO queue)."""
+
+    def latency(in_flight: int, rng: random.Random) -> float:
+        waiting = max(0, in_flight - workers())
+        return draw(rng, MEDIAN) + waiting * MEDIAN / workers()
+
+    return latency
+
+
+# -- noise alone --------------------------------------------------------------
+
+
+NOISE_CASES = [
+    pytest.param(name, seed, marks=LOW_BASELINE)
+    if (name, seed)
+    in {("lognormal-0.6", 2), ("lognormal-1.0", 2), ("lognormal-1.0", 3)}
+    else pytest.param(name, seed)
+    for name in [*DISTRIBUTIONS, "constant"]
+    for seed in (1, 2, 3)
+]
+
+
+@pytest.mark.parametrize(("name", "seed"), NOISE_CASES)
+def test_noise_alone_never_shrinks_the_limit(name: str, seed: int) -> None:
+    draw = DISTRIBUTIONS.get(name, lambda _rng, service: service)
+    limit = LatencyLimit(maximum=64, window=30.0)
+    driver = Rounds(limit, seed)
+    driver.run(300, noise_only(draw))
+    # No queue at all: the limit grows to its ceiling and stays there
+    # (limit.limit: a probe round may be halving current() right now).
+    assert limit.limit == 64
+    assert limit.rebaseline_count == 0
+    reached = driver.limits.index(64)
+    # Once at the ceiling, noise moves it by a decrease at most, now and then
+    # (probe rounds, which halve it for a few answers, aside).
+    assert limit.decrease_count <= 3
+    assert min(driver.limits[reached:]) >= 32
+
+
+@pytest.mark.parametrize("name", list(DISTRIBUTIONS))
+def test_the_baseline_is_the_unloaded_median(name: str) -> None:
+    draw = DISTRIBUTIONS[name]
+    limit = LatencyLimit(maximum=64, window=30.0)
+    Rounds(limit).run(300, noise_only(draw))
+    assert limit.best is not None
+    assert limit.best == pytest.approx(unloaded_median(draw), rel=0.3)
+
+
+# -- a queue --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=LOW_BASELINE) if name == "lognormal-1.0" else name
+        for name in [*DISTRIBUTIONS, "constant"]
+    ],
+)
+def test_a_growing_queue_shrinks_the_limit_within_a_couple_of_rounds(
+    name: str,
+) -> None:
+    draw = DISTRIBUTIONS.get(name, lambda _rng, service: service)
+    workers = [32]
+    limit = LatencyLimit(maximum=24, window=30.0)
+    driver = Rounds(limit)
+    host = queueing(draw, lambda: workers[0])
+    driver.run(200, host)
+    assert driver.limits[-1] == 24
+    before = limit.decrease_count
+    # The host loses three quarters of its workers: 24 in flight now wait
+    # two service times on average.
+    workers[0] = 8
+    driver.run(3, host)
+    assert limit.decrease_count > before
+    driver.run(200, host)
+    # 12 in flight on 8 workers: 1.5 x the service time, the tolerance.
+    assert statistics.median(driver.limits[-100:]) <= 12
+
+
+# -- a simulated host (W workers, FIFO queue, crawler turnaround) --------------
+
+
+class LimitClient:
+    """Drive a bare :class:`LatencyLimit` (no pause after a 503)."""
+
+    def __init__(self, limit: LatencyLimit) -> None:
+        self.latency_limit = limit
+        self.in_flight = 0
+
+    def limit(self) -> int:
+        return self.latency_limit.current()
+
+    def wait(self, now: float) -> float:
+        return 0.0
+
+    def sent(self, now: float) -> None:
+        self.in_flight += 1
+        self.latency_limit.on_sent(now, self.in_flight)
+
+    def answered(self, now: float, latency: float, overloaded: bool) -> None:
+        if overloaded:
+            self.latency_limit.on_overload(now)
+        else:
+            self.latency_limit.on_response(now, latency, self.in_flight)
+
+    def freed(self, now: float) -> None:
+        self.in_flight -= 1
+
+
+def crawl(
+    limit: LatencyLimit, host: SimulatedHost, duration: float, turnaround: float
+) -> Any:
+    return simulate(
+        LimitClient(limit),
+        host,
+        duration,
+        turnaround=turnaround,
+        limit_of=lambda: limit.limit,
+    )
+
+
+HOST_CASES = [
+    pytest.param(name, seed, turnaround, marks=BIMODAL_QUEUE)
+    if (name, seed, turnaround) == ("bimodal", 2, 0.002)
+    else pytest.param(name, seed, turnaround)
+    for name in DISTRIBUTIONS
+    for seed in (1, 2)
+    for turnaround in (0.002, 0.008)
+]
+
+
+@pytest.mark.parametrize(("name", "seed", "turnaround"), HOST_CASES)
+def test_noisy_host_settles_near_capacity_within_the_tolerance(
+    name: str, seed: int, turnaround: float
+) -> None:
+    draw = DISTRIBUTIONS[name]
+    host = SimulatedHost(workers=8, service=MEDIAN, draw=draw, rng=random.Random(seed))
+    limit = LatencyLimit(maximum=32, window=30.0)
+    result = crawl(limit, host, 12.0, turnaround)
+    assert result.overloads == []
+    assert result.rate(4.0, 12.0) >= 0.9 * host.capacity
+    # The tolerance's promise: the median latency at the settled limit is
+    # within 1.5 times the host's unloaded median.
+    assert result.median_latency(4.0) <= 1.5 * unloaded_median(draw)
+    # Enough in flight to cover the workers.
+    assert statistics.mean(result.limits(4.0)) >= 8
+
+
+def test_noisy_slowdown_and_recovery() -> None:
+    draw = lognormal(0.6)
+    host = SimulatedHost(
+        workers=8,
+        service=MEDIAN,
+        draw=draw,
+        service_at=lambda now: 0.08 if 3.0 <= now < 6.0 else MEDIAN,
+    )
+    full = host.capacity
+    limit = LatencyLimit(maximum=64, window=1.0)
+    result = crawl(limit, host, 9.0, 0.002)
+    assert result.overloads == []
+    assert result.rate(3.0, 6.0) >= 0.9 * full / 4
+    assert result.rate(6.5, 9.0) >= 0.9 * full
+    assert result.median_latency(7.0) <= 1.5 * unloaded_median(draw)
+
+
+def test_noisy_permanent_slowdown_becomes_the_baseline() -> None:
+    draw = lognormal(0.6)
+    host = SimulatedHost(
+        workers=8,
+        service=MEDIAN,
+        draw=draw,
+        service_at=lambda now: MEDIAN if now < 3.0 else 0.08,
+    )
+    limit = LatencyLimit(maximum=64, window=30.0)
+    result = crawl(limit, host, 10.0, 0.002)
+    assert limit.best is not None
+    assert limit.best >= 0.7 * unloaded_median(draw, 0.08)
+    assert result.rate(5.0, 10.0) >= 0.9 * host.capacity / 4
+    assert result.overloads == []
+
+
+# -- bounds ---------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    minimum=st.integers(min_value=0, max_value=5),
+    maximum=st.integers(min_value=0, max_value=40),
+    sigma=st.floats(min_value=0.0, max_value=2.0),
+    seed=st.integers(min_value=0, max_value=1000),
+    events=st.lists(
+        st.tuples(
+            st.floats(min_value=0, max_value=0.2),
+            st.integers(min_value=0, max_value=50),
+            st.sampled_from(["sent", "response", "error", "overload"]),
+        ),
+        max_size=150,
+    ),
+)
+def test_noisy_limit_stays_within_bounds(
+    minimum: int,
+    maximum: int,
+    sigma: float,
+    seed: int,
+    events: list[tuple[float, int, str]],
+) -> None:
+    limit = LatencyLimit(minimum=minimum, maximum=maximum, window=0.5)
+    low, high = limit.minimum, limit.maximum
+    rng = random.Random(seed)
+    now = 0.0
+    for step, in_flight, kind in events:
+        now += step
+        latency = 0.02 * math.exp(rng.gauss(0.0, sigma))
+        if kind == "sent":
+            limit.on_sent(now, in_flight)
+        elif kind == "overload":
+            limit.on_overload(now)
+        elif kind == "error":
+            limit.on_error_response(now, latency)
+        else:
+            limit.on_response(now, latency, in_flight)
+        assert low <= limit.limit <= high
+        assert low <= limit.current() <= high
