@@ -1,0 +1,60 @@
+"""The pace learned from 429 answers, in real crawls on both reactors.
+
+An API serving 20 requests per sliding second (429 + ``Retry-After: 1``
+beyond that), crawled with the add-on's defaults and no per-scope setting,
+with most requests yielded from callbacks and every 429 retried. Read at the
+server: after the first refusals the crawl keeps under the limit (no more
+429s) and close to it (pages per second).
+"""
+
+from __future__ import annotations
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from tests.engine_crawls import ADDON, REACTORS, crawl_follow
+
+RATE = 20
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_an_api_limit_is_learned_from_its_429s(simhosts, reactor):
+    hosts = simhosts(
+        {
+            "name": "R",
+            "kind": "ratelimit",
+            "rate": RATE,
+            "service_time": 0.01,
+            "retry_after": 1,
+        }
+    )
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+            "RETRY_TIMES": 50,
+            "CLOSESPIDER_TIMEOUT": 60,
+        },
+        [hosts.url("R")],
+        depth=2,
+        fanout=14,  # 1 + 14 + 196 pages, all but one from callbacks
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) == 211
+    stats = result["stats"]
+    assert stats["throttling/rate_limit/learned_count"] >= 1
+    arrivals = hosts.stats("R")["arrivals"]
+    refused = [t for t, _, _, status, _ in arrivals if status == 429]
+    served = sorted(t for t, _, _, status, _ in arrivals if status == 200)
+    assert refused, "the crawl met the limit"
+    # Learned within the first refusal episodes (each holds 1 s): then no
+    # refusal until the end (probing waits a BACKOFF_WINDOW, 60 s).
+    learned_by = max(refused)
+    assert learned_by < 5.0, refused
+    after = [t for t in served if t > learned_by + 1.0]
+    assert len(after) >= 100
+    pace = (len(after) - 1) / (after[-1] - after[0])
+    assert 0.9 * RATE <= pace <= RATE
