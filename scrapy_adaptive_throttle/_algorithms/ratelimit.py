@@ -20,10 +20,11 @@ is 5 %, more than the margin, so sub-buckets would not do.
 crawler's event loop does not push a send into a full window: a pace
 ``1 + margin`` slower than the limit leaves ``margin / 2`` seconds of arrival
 jitter (10 ms at 2 %) before a window of one second can hold one request too
-many. A refusal at a pace the count calls safe slows the pace by the margin
-anyway: at the window's edge the count can be one off (the send times seen
-by the crawler are not the server's arrival times), and one in 20 is more
-than the margin.
+many. At the window's edge the count can be one off either way (the send
+times seen by the crawler are not the server's arrival times), and one in 20
+is more than the margin, so the count only sets the pace when nothing is
+known yet, or after a probe (never slower than the pace tolerated before
+it); a refusal at the learned pace slows it by the margin instead.
 
 Only the first refusal of an *episode* (``period`` seconds) is learned from:
 the requests in flight when it came back are refused too, a few milliseconds
@@ -96,6 +97,7 @@ class LearnedRate:
 
     __slots__ = (
         "_allowed",
+        "_known",
         "_last_refusal",
         "_max_patience",
         "_patience",
@@ -140,6 +142,8 @@ class LearnedRate:
         self._refused: deque[float] = deque(maxlen=max_samples)
         self._allowed = -math.inf
         self.interval = 0.0
+        #: The interval set by the last refusal, before any probe.
+        self._known = 0.0
         self.accepted: float | None = None
         self._patience = 1
         #: Quiet windows before the next probe, and that probe's step.
@@ -210,15 +214,25 @@ class LearnedRate:
             return self.interval
         if accepted >= 1:
             self.accepted = accepted
-            learned = self.period * (1.0 + self.margin) / accepted
-            # Refused at a pace the count calls safe: the count is one off at
-            # the window's edge, or the limit is not only per period. Either
-            # way, slow down by the margin.
-            learned = max(learned, self.interval * (1.0 + self.margin))
+            counted = self.period * (1.0 + self.margin) / accepted
+            known = self._known
+            if not known:
+                learned = counted
+            elif self.interval < known:
+                # A probe went past the limit: the count says where it is,
+                # but never slower than the pace tolerated before the probe
+                # (the count can be one short at the window's edge).
+                learned = min(counted, known)
+            else:
+                # Refused at the pace learned: the limit is about this pace
+                # (the count that set it was one too many at the window's
+                # edge, or the limit is not only per period). Slow down by
+                # the margin, not by what a count one short would say.
+                learned = known * (1.0 + self.margin)
             if self.probe_count:
                 # Found again after probing: probe more rarely from now on.
                 self._patience = min(self._patience * 2, self._max_patience)
-            self.interval = learned
+            self.interval = self._known = learned
         self._step = self._probe_step
         self._wait = self._patience
         self._last_refusal = now

@@ -73,10 +73,30 @@ def test_a_refusal_with_nothing_accepted_learns_nothing() -> None:
 
 def test_a_refusal_at_the_learned_pace_slows_by_the_margin() -> None:
     rate = LearnedRate(margin=0.05, window=0)
-    rate.interval = 0.1  # 10 per second, yet the count says more
-    for index in range(21):
-        rate.record_send(index * 0.04)
-    assert rate.refuse(0.81) == pytest.approx(0.105)
+    for index in range(20):
+        rate.record_send(index * 0.045)
+    first = rate.refuse(0.91, sent_at=0.9)
+    assert first == pytest.approx(1.05 / 20)
+    # At that pace, fewer are counted (19 here); the pace slows by the
+    # margin only.
+    rate._sent.extend(2.0 + index * 0.0526 for index in range(19))
+    assert rate.refuse(3.01, sent_at=3.0) == pytest.approx(first * 1.05)
+
+
+def test_after_a_probe_a_short_count_does_not_slow_below_the_known_pace() -> None:
+    rate = LearnedRate(window=10.0)
+    rate._sent.extend(index * 0.045 for index in range(20))
+    known = rate.refuse(0.91, sent_at=0.9)
+    assert known == pytest.approx(1.02 / 20)
+    probed = rate.roll(11.0)
+    assert probed < known
+    rate._sent.extend(11.0 + index * 0.0525 for index in range(19))
+    assert rate.refuse(12.01, sent_at=12.0) == pytest.approx(known)
+    # After probes that found a raised limit, the count is believed.
+    for t in (22.1, 32.2, 42.3):
+        rate.roll(t)
+    rate._sent.extend(43.0 + index * 0.03 for index in range(33))
+    assert rate.refuse(44.0, sent_at=43.99) == pytest.approx(1.02 / 33)
 
 
 def test_a_refusal_at_a_pace_the_count_calls_safe_slows_by_the_margin() -> None:
