@@ -59,7 +59,7 @@ CRAWL_BASE_SETTINGS: dict[str, Any] = {
 }
 
 #: Keys of ``get_scope_state()`` kept in the samples, in this order.
-STATE_KEYS = ("limit", "in_flight", "best_latency", "delay")
+STATE_KEYS = ("limit", "in_flight", "best_latency", "delay", "learned_interval")
 
 
 def percentile(values: list[float], fraction: float) -> float | None:

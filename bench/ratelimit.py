@@ -264,6 +264,54 @@ def format_table(results: list[dict[str, Any]], rate: float, window: float) -> s
     return "\n".join(lines)
 
 
+def plot(results: list[dict[str, Any]], rate: float, path: Path) -> None:
+    """Per configuration: pages/s (1 s buckets) and the pace over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rate_axis, pace_axis) = plt.subplots(2, 1, figsize=(12, 7.5))
+    for result in results:
+        if result["status"] != "ok":
+            continue
+        host = result["crawl"]["hosts"]["R"]
+        t0 = result["server"]["first_arrival_epoch"] or host["first_sent_epoch"]
+        counts: dict[int, int] = {}
+        for epoch in host["done_epochs"]:
+            counts[int(epoch - t0)] = counts.get(int(epoch - t0), 0) + 1
+        if counts:
+            seconds = range(max(counts) + 1)
+            rate_axis.step(
+                list(seconds),
+                [counts.get(second, 0) for second in seconds],
+                where="post",
+                label=result["config"],
+            )
+        paces = [
+            (sample["t"] - t0, 1.0 / max(sample["learned_interval"], sample["delay"]))
+            for sample in host["state_samples"]
+            if isinstance(sample.get("learned_interval"), int | float)
+            and isinstance(sample.get("delay"), int | float)
+            and max(sample["learned_interval"], sample["delay"]) > 0
+        ]
+        if paces:
+            xs, ys = zip(*paces, strict=True)
+            pace_axis.plot(xs, ys, label=result["config"])
+    rate_axis.axhline(rate, color="black", linewidth=0.8, linestyle=":")
+    pace_axis.axhline(rate, color="black", linewidth=0.8, linestyle=":")
+    rate_axis.set_title(f"pages/s (1 s buckets); dotted: N = {rate:g}")
+    pace_axis.set_title("requests/s the scope's pace allows (1 / max(learned, delay))")
+    for axis in (rate_axis, pace_axis):
+        axis.set_xlabel("server time (s)")
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.ratelimit", description=__doc__
@@ -279,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "--configs", help="comma-separated subset of the configurations"
     )
     parser.add_argument("--output", help="write the raw results (JSON) here")
+    parser.add_argument("--plot", type=Path, help="write a chart (PNG) here")
     args = parser.parse_args(argv)
     host = {
         "name": "R",
@@ -311,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {result['config']}: crawl ended early: {m['finish_reason']}")
     if args.output:
         Path(args.output).write_text(json.dumps(results))
+    if args.plot:
+        plot(results, args.rate, args.plot)
     return 0
 
 

@@ -181,10 +181,10 @@ class ThrottlingScopeManager:
         requests the server accepted over the second before that become the
         scope's pace (see :ref:`learned-pace`): a floor of its spacing that
         recovery does not lower, so the scope stops running into the limit
-        after each quiet window. Scopes with rampup leave the pace to rampup.
+        after each quiet window. With rampup, the pace is a floor under
+        rampup's delay: rampup still sets the concurrency and slows down
+        past it, and reaches the limit as soon as the pace is learned.
         """
-        if self._rampup is not None:
-            return
         if now is None:
             now = monotonic()
         learned = self._learned
@@ -192,7 +192,8 @@ class ThrottlingScopeManager:
             # The count starts now: the next refusal can be learned from.
             learned = self._learned = LearnedRate(window=self.config.backoff.window)
         before = learned.interval
-        interval = learned.refuse(now, sent_at)
+        # What each probe will cost: this refusal's hold (its Retry-After).
+        interval = learned.refuse(now, sent_at, self._backoff.hold_until - now)
         if interval != before and self._stats is not None:
             self._stats.inc_value("throttling/rate_limit/learned_count")
         if self._debug and interval != before:

@@ -3,8 +3,8 @@
 An API serving 20 requests per sliding second (429 + ``Retry-After: 1``
 beyond that), crawled with the add-on's defaults and no per-scope setting,
 with most requests yielded from callbacks and every 429 retried. Read at the
-server: after the first refusals the crawl keeps under the limit (no more
-429s) and close to it (pages per second).
+server: after the first refusal episodes the crawl keeps under the limit
+(no more 429s) and close to it (pages per second).
 """
 
 from __future__ import annotations
@@ -50,11 +50,14 @@ async def test_an_api_limit_is_learned_from_its_429s(simhosts, reactor):
     refused = [t for t, _, _, status, _ in arrivals if status == 429]
     served = sorted(t for t, _, _, status, _ in arrivals if status == 200)
     assert refused, "the crawl met the limit"
-    # Learned within the first refusal episodes (each holds 1 s): then no
-    # refusal until the end (probing waits a BACKOFF_WINDOW, 60 s).
-    learned_by = max(refused)
-    assert learned_by < 5.0, refused
-    after = [t for t in served if t > learned_by + 1.0]
-    assert len(after) >= 100
+    # Episodes: refusals less than half a second apart (those in flight when
+    # the first came back). The first teaches nothing (no count yet), the
+    # second sets the pace; a count one too many at the window's edge (5 %
+    # at 20/s) costs up to three more, each slowing the pace by 2 %.
+    episodes = [t for i, t in enumerate(refused) if i == 0 or t - refused[i - 1] > 0.5]
+    assert len(episodes) <= 5, refused
+    # After the last one, the pace holds under the limit and close to it.
+    after = [t for t in served if t > episodes[-1] + 1.0]
+    assert len(after) >= 40, (refused, len(served))
     pace = (len(after) - 1) / (after[-1] - after[0])
     assert 0.9 * RATE <= pace <= RATE

@@ -48,7 +48,10 @@ windows. A refusal re-learns the limit from its count (one refusal per
 overshoot, however large the step) and doubles the patience (up to
 ``max_patience`` windows), so that a limit found again and again is probed
 ever more rarely: a refusal costs a ``Retry-After`` hold, so probing every
-window would cost more than the margin gains. With the defaults (2 % margin
+window would cost more than the margin gains. For the same reason a probing
+window lasts at least ``hold_ratio`` (30) holds: with a 2-second
+:setting:`BACKOFF_WINDOW` and ``Retry-After: 1``, each probe would otherwise
+cost half a window. With the defaults (2 % margin
 and steps, patience up to 32 windows) a scope settles at about 0.98 of the
 limit and, once the patience has grown, draws about one refusal per 33
 windows: one every half hour with :setting:`BACKOFF_WINDOW` 60 s.
@@ -83,6 +86,8 @@ class LearnedRate:
     :param window: seconds of quiet per probing window; <= 0 never probes.
     :param probe_step: how much faster each probe paces (0.02 = 2 %).
     :param max_patience: the most quiet windows before a probe.
+    :param hold_ratio: a probing window lasts at least this many times the
+        longest hold a refusal caused (a probe costs one hold).
     :param max_samples: the most send (and refusal) times kept.
     :raises ValueError: on a non-positive period or sample count, or a
         negative or non-finite margin or probe step.
@@ -97,6 +102,7 @@ class LearnedRate:
 
     __slots__ = (
         "_allowed",
+        "_hold",
         "_known",
         "_last_refusal",
         "_max_patience",
@@ -113,6 +119,7 @@ class LearnedRate:
         "period",
         "probe_count",
         "refusal_count",
+        "hold_ratio",
         "window",
     )
 
@@ -124,6 +131,7 @@ class LearnedRate:
         window: float = 60.0,
         probe_step: float = 0.02,
         max_patience: int = 32,
+        hold_ratio: float = 30.0,
         max_samples: int = 4096,
     ) -> None:
         if not (math.isfinite(period) and period > 0):
@@ -144,6 +152,8 @@ class LearnedRate:
         self.interval = 0.0
         #: The interval set by the last refusal, before any probe.
         self._known = 0.0
+        self._hold = 0.0
+        self.hold_ratio = hold_ratio
         self.accepted: float | None = None
         self._patience = 1
         #: Quiet windows before the next probe, and that probe's step.
@@ -190,7 +200,9 @@ class LearnedRate:
         self._allowed = allowed
         return allowed
 
-    def refuse(self, now: float, sent_at: float | None = None) -> float:
+    def refuse(
+        self, now: float, sent_at: float | None = None, hold: float = 0.0
+    ) -> float:
         """Record a refusal of a request sent earlier (with
         :meth:`record_send`), at *sent_at* if known; return the learned
         interval.
@@ -198,7 +210,9 @@ class LearnedRate:
         The server's window at the refused request's arrival is the period
         before its send; without *sent_at*, the period before *now*, which
         misses the sends of that period's first moments (one request in 20
-        is 5 %).
+        is 5 %). *hold* is how long the refusal holds the scope (its
+        ``Retry-After``): what each probe will cost, so probing waits at
+        least ``hold_ratio`` times as long.
         """
         self.roll(now)
         accepted = self.count_accepted(now, now if sent_at is None else sent_at)
@@ -235,6 +249,8 @@ class LearnedRate:
             self.interval = self._known = learned
         self._step = self._probe_step
         self._wait = self._patience
+        if hold > self._hold:
+            self._hold = hold
         self._last_refusal = now
         self._quiet_since = now
         return self.interval
@@ -251,6 +267,7 @@ class LearnedRate:
         window = self.window
         if since is None or not self.interval or window <= 0:
             return self.interval
+        window = max(window, self.hold_ratio * self._hold)
         if now - since >= window * self._wait:
             self.interval /= 1.0 + self._step
             self.probe_count += 1

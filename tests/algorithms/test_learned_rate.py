@@ -151,6 +151,16 @@ def test_patience_doubles_after_each_refusal_that_follows_a_probe() -> None:
     assert rate.probe_count == 3
 
 
+def test_probing_waits_at_least_thirty_holds() -> None:
+    """A probe costs one Retry-After hold: with a 2-second window and
+    1-second holds, probing every window would cost half of each."""
+    rate = LearnedRate(window=2.0)
+    rate._sent.extend(index * 0.05 for index in range(20))
+    learned = rate.refuse(1.0, sent_at=1.0, hold=1.0)
+    assert rate.roll(1.0 + 29.9) == learned
+    assert rate.roll(1.0 + 30.0) < learned
+
+
 def test_no_probe_without_a_window() -> None:
     rate = LearnedRate(window=0)
     for index in range(10):
