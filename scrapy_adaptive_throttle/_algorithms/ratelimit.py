@@ -114,12 +114,12 @@ class LearnedRate:
         "_step",
         "_wait",
         "accepted",
+        "hold_ratio",
         "interval",
         "margin",
         "period",
         "probe_count",
         "refusal_count",
-        "hold_ratio",
         "window",
     )
 
@@ -249,8 +249,7 @@ class LearnedRate:
             self.interval = self._known = learned
         self._step = self._probe_step
         self._wait = self._patience
-        if hold > self._hold:
-            self._hold = hold
+        self._hold = max(self._hold, hold)
         self._last_refusal = now
         self._quiet_since = now
         return self.interval
