@@ -21,7 +21,10 @@ the slowdown over the capacity probed at 80 ms, and the time after t=6 until a
 0.25 s bucket is back to 0.9 of full capacity), ``unthrottled`` (a fast
 unlimited host, plain Scrapy vs the plugin at CONCURRENT_REQUESTS=16 and
 CONCURRENT_REQUESTS_PER_DOMAIN=16), ``ratelimit`` (429 + Retry-After past 50
-requests/s; 429s per 2 s window).
+requests/s; 429s per 2 s window; ``bench/ratelimit.py`` runs longer crawls of
+such an API), ``many-hosts`` (200 queue hosts of mixed capacities, 50 pages
+each, CONCURRENT_REQUESTS 64: every configuration as one row, over plain
+Scrapy's pages/s in the same repeat, with the crawl's CPU time per page).
 
 Choices worth knowing:
 
