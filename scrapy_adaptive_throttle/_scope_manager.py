@@ -448,7 +448,7 @@ class ThrottlingScopeManager:
         }
         learned = self._learned
         if learned is not None:
-            state["learned_interval"] = learned.roll(now)
+            state["learned_interval"] = learned.interval
             state["learned_accepted"] = learned.accepted
         if self._quota is not None:
             state["quota_consumed"] = self._quota.consumed
