@@ -18,7 +18,9 @@ the 503 and 429 responses seen, the median and p90 ``download_latency`` of the
 200 responses, the epoch time of every 200 (for timelines aligned with the
 server's clock), samples of the requests in flight (``[epoch, on the wire, in
 the downloader]``), and, when the plugin is enabled, samples of
-``crawler.throttler.get_scope_state(scope)`` every ``sample_interval``.
+``crawler.throttler.get_scope_state(scope)`` every ``sample_interval``; for the
+whole crawl, ``crawl_cpu_seconds``: the process CPU time from spider_opened
+to spider_closed (without interpreter start-up and imports).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ CRAWL_BASE_SETTINGS: dict[str, Any] = {
 }
 
 #: Keys of ``get_scope_state()`` kept in the samples, in this order.
-STATE_KEYS = ("limit", "in_flight", "best_latency", "delay")
+STATE_KEYS = ("limit", "in_flight", "best_latency", "delay", "learned_interval")
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -153,6 +155,10 @@ class BenchSpider(Spider):
         self.sampler: Any = None
         self.sampler_status = "not started"
         self.opened_epoch: float | None = None
+        # Process CPU seconds (user + system) at spider_opened / spider_closed:
+        # the crawl's own CPU cost, without interpreter start-up and imports.
+        self.opened_cpu: float | None = None
+        self.closed_cpu: float | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> BenchSpider:
@@ -233,11 +239,13 @@ class BenchSpider(Spider):
 
     def on_opened(self, spider: Spider) -> None:
         self.opened_epoch = time.time()
+        self.opened_cpu = time.process_time()
         self.sampler = task.LoopingCall(self.sample)
         self.sampler.start(self.sample_interval, now=True)
         self.sampler_status = "ok"
 
     def on_closed(self, spider: Spider, reason: str) -> None:
+        self.closed_cpu = time.process_time()
         if self.sampler is not None and self.sampler.running:
             self.sampler.stop()
 
@@ -344,6 +352,11 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         "hosts": {record.name: record.result() for record in spider.records.values()},
         "wall": wall,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "crawl_cpu_seconds": (
+            spider.closed_cpu - spider.opened_cpu
+            if spider.opened_cpu is not None and spider.closed_cpu is not None
+            else None
+        ),
         "opened_epoch": spider.opened_epoch,
         "finish_reason": stats.get("finish_reason"),
         "sampler": spider.sampler_status,

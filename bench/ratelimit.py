@@ -18,13 +18,21 @@ is eventually fetched; with the plugin every 429 also holds the scope for its
 
 Configurations (``--configs`` picks some):
 
-``fixed-c2``
-    The plugin with a fixed limit: concurrency 2, no delay.
+``addon-default``
+    The add-on as installed, no per-scope setting: the latency-aware scope
+    manager with :setting:`CONCURRENT_REQUESTS_PER_DOMAIN` 32 (as a new user
+    would try it) and the pace learned from 429 answers.
+``plain-scope-manager``
+    The add-on with the plain scope manager: a fixed 32 at a time (the same
+    :setting:`CONCURRENT_REQUESTS_PER_DOMAIN`), the learned pace.
+``fixed-c2``, ``fixed-c8``
+    The plugin with a fixed limit: concurrency 2 (or 8), no delay.
 ``fixed-delay``
     The plugin with the delay a user who knows the limit would set,
     ``1 / N`` seconds (default jitter).
-``autothrottle``
-    Scrapy's AutoThrottle (defaults, start delay 0.05 s), without the plugin.
+``autothrottle``, ``autothrottle-8``
+    Scrapy's AutoThrottle (defaults, start delay 0.05 s), without the plugin;
+    target concurrency 1 (the default) or 8.
 ``rampup``
     The plugin's rampup (``"rampup": True``) on the API's scope, with the
     plain scope manager and ``"jitter": 0`` (an API gains nothing from
@@ -57,6 +65,9 @@ from bench.simhosts import SimHosts
 from scrapy_adaptive_throttle import ThrottlingScopeManager
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+#: Seconds of server time after which a configuration counts as converged
+#: (issue 9: the figures "once converged" start after the first 10 s).
+CONVERGED_AFTER = 10.0
 ADDON = {"scrapy_adaptive_throttle.Addon": 500}
 PLAIN = "scrapy_adaptive_throttle.ThrottlingScopeManager"
 
@@ -76,7 +87,23 @@ def configs(netloc: str, rate: float, window: float) -> dict[str, dict[str, Any]
     """Scrapy settings per configuration, for the API at *netloc*."""
     rampup_scope = {"rampup": True, "jitter": 0}
     rampup_common = {"ADDONS": ADDON, "BACKOFF_WINDOW": window}
+    autothrottle = {
+        "AUTOTHROTTLE_ENABLED": True,
+        "AUTOTHROTTLE_START_DELAY": 0.05,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+    }
     return {
+        "addon-default": {"ADDONS": ADDON, "CONCURRENT_REQUESTS_PER_DOMAIN": 32},
+        "plain-scope-manager": {
+            "ADDONS": ADDON,
+            "THROTTLING_SCOPE_MANAGER": PLAIN,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+        },
+        "fixed-c8": {
+            "ADDONS": ADDON,
+            "THROTTLING_SCOPE_MANAGER": PLAIN,
+            "THROTTLING_SCOPES": {netloc: {"concurrency": 8, "delay": 0}},
+        },
         "fixed-c2": {
             "ADDONS": ADDON,
             "THROTTLING_SCOPE_MANAGER": PLAIN,
@@ -87,11 +114,8 @@ def configs(netloc: str, rate: float, window: float) -> dict[str, dict[str, Any]
             "THROTTLING_SCOPE_MANAGER": PLAIN,
             "THROTTLING_SCOPES": {netloc: {"concurrency": 8, "delay": 1 / rate}},
         },
-        "autothrottle": {
-            "AUTOTHROTTLE_ENABLED": True,
-            "AUTOTHROTTLE_START_DELAY": 0.05,
-            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
-        },
+        "autothrottle": autothrottle,
+        "autothrottle-8": {**autothrottle, "AUTOTHROTTLE_TARGET_CONCURRENCY": 8.0},
         "rampup": {
             **rampup_common,
             "THROTTLING_SCOPE_MANAGER": PLAIN,
@@ -164,6 +188,12 @@ def analyse(record: dict[str, Any], rate: float, window: float) -> dict[str, Any
     # The last window is partial: leave it out of the mean.
     full = counts[:-1] or counts
     reached = time_to_reach(done, 0.9 * rate, window)
+    # Once converged: after the first CONVERGED_AFTER seconds of server time.
+    late = [t for t in done if t >= CONVERGED_AFTER]
+    late_429 = [
+        a[0] for a in server["arrivals"] if a[3] == 429 and a[0] >= CONVERGED_AFTER
+    ]
+    late_span = elapsed - CONVERGED_AFTER
     return {
         "pages": len(done),
         "pages_requested": host["pages_requested"],
@@ -178,6 +208,11 @@ def analyse(record: dict[str, Any], rate: float, window: float) -> dict[str, Any
             sum(t >= reached for t in done) / (elapsed - reached) / rate
             if reached is not None and elapsed > reached
             else None
+        ),
+        "converged_ratio": (len(late) / late_span / rate) if late_span > 0 else None,
+        "converged_429": len(late_429),
+        "converged_429_per_10s": (
+            len(late_429) / late_span * 10 if late_span > 0 else None
         ),
         "count_429": server["status_counts"].get("429", 0),
         "per_window_429": counts,
@@ -200,7 +235,7 @@ def format_table(results: list[dict[str, Any]], rate: float, window: float) -> s
     header = (
         f"{'config':<20} {'pages':>11} {'time s':>7} {'pages/s':>8} {'ratio':>6} "
         f"{'settled':>8} {'t0.9N':>6} {'after':>6} {'429s':>6} {'429/win':>8} "
-        f"{'max/win':>8}"
+        f"{'max/win':>8} {'>10s':>6} {'429>10s':>8}"
     )
     lines = [header, "-" * len(header)]
     for result in results:
@@ -215,16 +250,66 @@ def format_table(results: list[dict[str, Any]], rate: float, window: float) -> s
             f"{m['settled_ratio']:>8.3f} {_fmt(m['reached_at'], '.0f'):>6} "
             f"{_fmt(m['after_ratio'], '.3f'):>6} "
             f"{m['count_429']:>6} {m['mean_429_per_window']:>8.2f} "
-            f"{m['max_429_per_window']:>8}"
+            f"{m['max_429_per_window']:>8} {_fmt(m['converged_ratio'], '.3f'):>6} "
+            f"{_fmt(m['converged_429_per_10s'], '.2f'):>8}"
         )
     lines.append(
         f"N = {rate:g} requests/s; ratio = pages/s / N over the whole crawl; settled = "
         f"the same over its second half; t0.9N = seconds until the pages/s over the "
         f"last {window:g} s first reached 0.9 N, after = pages/s / N from then on; "
         f"429/win = mean 429s per {window:g} s window of server time (full windows), "
-        "max/win = the most in one window"
+        "max/win = the most in one window; >10s = pages/s / N after the first "
+        f"{CONVERGED_AFTER:g} s, 429>10s = 429s per 10 s after them"
     )
     return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], rate: float, path: Path) -> None:
+    """Per configuration: pages/s (1 s buckets) and the pace over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (rate_axis, pace_axis) = plt.subplots(2, 1, figsize=(12, 7.5))
+    for result in results:
+        if result["status"] != "ok":
+            continue
+        host = result["crawl"]["hosts"]["R"]
+        t0 = result["server"]["first_arrival_epoch"] or host["first_sent_epoch"]
+        counts: dict[int, int] = {}
+        for epoch in host["done_epochs"]:
+            counts[int(epoch - t0)] = counts.get(int(epoch - t0), 0) + 1
+        if counts:
+            seconds = range(max(counts) + 1)
+            rate_axis.step(
+                list(seconds),
+                [counts.get(second, 0) for second in seconds],
+                where="post",
+                label=result["config"],
+            )
+        paces = [
+            (sample["t"] - t0, 1.0 / max(sample["learned_interval"], sample["delay"]))
+            for sample in host["state_samples"]
+            if isinstance(sample.get("learned_interval"), int | float)
+            and isinstance(sample.get("delay"), int | float)
+            and max(sample["learned_interval"], sample["delay"]) > 0
+        ]
+        if paces:
+            xs, ys = zip(*paces, strict=True)
+            pace_axis.plot(xs, ys, label=result["config"])
+    rate_axis.axhline(rate, color="black", linewidth=0.8, linestyle=":")
+    pace_axis.axhline(rate, color="black", linewidth=0.8, linestyle=":")
+    rate_axis.set_title(f"pages/s (1 s buckets); dotted: N = {rate:g}")
+    pace_axis.set_title("requests/s the scope's pace allows (1 / max(learned, delay))")
+    for axis in (rate_axis, pace_axis):
+        axis.set_xlabel("server time (s)")
+        axis.grid(alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "--configs", help="comma-separated subset of the configurations"
     )
     parser.add_argument("--output", help="write the raw results (JSON) here")
+    parser.add_argument("--plot", type=Path, help="write a chart (PNG) here")
     args = parser.parse_args(argv)
     host = {
         "name": "R",
@@ -274,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {result['config']}: crawl ended early: {m['finish_reason']}")
     if args.output:
         Path(args.output).write_text(json.dumps(results))
+    if args.plot:
+        plot(results, args.rate, args.plot)
     return 0
 
 

@@ -21,7 +21,10 @@ the slowdown over the capacity probed at 80 ms, and the time after t=6 until a
 0.25 s bucket is back to 0.9 of full capacity), ``unthrottled`` (a fast
 unlimited host, plain Scrapy vs the plugin at CONCURRENT_REQUESTS=16 and
 CONCURRENT_REQUESTS_PER_DOMAIN=16), ``ratelimit`` (429 + Retry-After past 50
-requests/s; 429s per 2 s window).
+requests/s; 429s per 2 s window; ``bench/ratelimit.py`` runs longer crawls of
+such an API), ``many-hosts`` (200 queue hosts of mixed capacities, 50 pages
+each, CONCURRENT_REQUESTS 64: every configuration as one row, over plain
+Scrapy's pages/s in the same repeat, with the crawl's CPU time per page).
 
 Choices worth knowing:
 
@@ -137,6 +140,7 @@ CONFIGS: dict[str, ConfigSpec] = {
     # Not in any scenario's list: a fixed limit near host A's best, to show
     # what Scrapy itself reaches (--configs probe,fixed-16,latency-1.5).
     "fixed-16": _fixed(16),
+    "fixed-8": _fixed(8),
     # Scrapy's AutoThrottle with its defaults (target concurrency 1.0), except
     # the start delay: the default 5 s would spend most of a short benchmark
     # converging; 0.05 s (host B's service time) starts polite without a burst.
@@ -145,7 +149,6 @@ CONFIGS: dict[str, ConfigSpec] = {
         "AUTOTHROTTLE_START_DELAY": 0.05,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
     },
-    "fixed-8": _fixed(8),
     # The add-on and the plain scope manager as in issue 9's noisy hosts.
     "addon-32": {"ADDONS": ADDON, "CONCURRENT_REQUESTS_PER_DOMAIN": 32},
     "plain-scope-manager-32": {
@@ -178,13 +181,15 @@ CONFIG_LABELS: dict[str, str] = {
     "autothrottle": "AutoThrottle (Scrapy default)",
     "plain-scope-manager": "plugin, fixed scope limit",
     "addon-default": "this plugin (add-on defaults)",
+    "addon-32": "this plugin (add-on defaults)",
+    "plain-scope-manager-32": "plugin, fixed scope limit 32",
     "rampup": "this plugin, rampup",
 }
 
 #: The configurations that are this plugin's answer in a scenario, in order of
 #: preference: the verdict line compares the first one present with the best
 #: other configuration of the same run.
-OURS = ("addon-default", "latency-1.5", "rampup")
+OURS = ("addon-default", "addon-32", "latency-1.5", "rampup")
 
 
 def config_label(name: str) -> str:
@@ -266,6 +271,36 @@ class Scenario:
     count_429_window: float | None = None
     #: Printed under the table.
     note: str = ""
+    #: Settings under every configuration's (a configuration's own win),
+    #: e.g. a CONCURRENT_REQUESTS_PER_DOMAIN that fixed limits replace.
+    base_settings: Settings = field(default_factory=dict)
+    #: One row (host "all") for all the hosts together instead of one per
+    #: host: pages/s from the first request to the last page of any host.
+    aggregate: bool = False
+    #: Seconds between samples of each scope's state in the crawl process.
+    #: Sampling costs the crawler CPU time (only with the plugin, which has
+    #: a state to sample): many hosts need a longer interval.
+    sample_interval: float = 0.1
+
+
+def many_hosts(count: int, seed: int = 9) -> list[dict[str, Any]]:
+    """*count* queue hosts of mixed capacities: 1-8 workers, 10-100 ms."""
+    import random
+
+    rng = random.Random(seed)
+    return [
+        {
+            "name": f"H{index:03d}",
+            "kind": "queue",
+            "workers": rng.randint(1, 8),
+            "service_time": round(rng.uniform(0.01, 0.1), 3),
+            "queue_size": 16,
+        }
+        for index in range(count)
+    ]
+
+
+MANY_HOSTS = many_hosts(200)
 
 
 #: The noisy hosts of issue 9: host A's 8 workers, median 20 ms, queue 16,
@@ -387,6 +422,34 @@ SCENARIOS: dict[str, Scenario] = {
             "short runs can exceed N pages/s (by up to N/duration).",
         ),
         *(_noisy_scenario(name, dist) for name, dist in NOISY_DISTS.items()),
+        Scenario(
+            name="many-hosts",
+            description="200 hosts (1-8 workers, 10-100 ms, 50 pages each), "
+            "CONCURRENT_REQUESTS 64",
+            hosts=MANY_HOSTS,
+            pages={host["name"]: 50 for host in MANY_HOSTS},
+            quick_pages={host["name"]: 20 for host in MANY_HOSTS},
+            configs=[
+                "plain-scrapy",
+                "fixed-2",
+                "fixed-8",
+                "autothrottle",
+                "autothrottle-8",
+                "plain-scope-manager",
+                "addon-default",
+            ],
+            base_settings={
+                "CONCURRENT_REQUESTS": 64,
+                "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+            },
+            ratio_to="plain-scrapy",
+            aggregate=True,
+            # 200 scopes sampled every 0.1 s would cost the plugin's crawls
+            # a few percent of CPU that plain Scrapy does not pay.
+            sample_interval=2.0,
+            max_seconds=90.0,
+            quick_max_seconds=30.0,
+        ),
     ]
 }
 
@@ -553,7 +616,8 @@ def run_crawl_config(
     with SimHosts(scenario.hosts) as hosts:
         netlocs = {host["name"]: hosts.netloc(host["name"]) for host in scenario.hosts}
         spec = CONFIGS[config_name]
-        settings = dict(spec(netlocs) if callable(spec) else spec)
+        settings = dict(scenario.base_settings)
+        settings.update(spec(netlocs) if callable(spec) else spec)
         settings.update(scenario.settings)
         settings.update(EXTRA_SETTINGS)
         plugin = uses_plugin(settings)
@@ -573,7 +637,7 @@ def run_crawl_config(
                 for host in scenario.hosts
             ],
             "settings": settings,
-            "sample_interval": 0.1,
+            "sample_interval": scenario.sample_interval,
             # Scrapy keys its download slots (and AutoThrottle its delays) by
             # hostname, and every simulated host is 127.0.0.1: without a slot
             # per host:port, AutoThrottle would treat A and B as one site. The
@@ -613,7 +677,109 @@ def run_crawl_config(
             record["timeline_file"] = str(timeline)
         record["server"] = {name: hosts.stats(name) for name in netlocs}
         record["server_cpu_seconds"] = hosts.cpu_seconds()
+    if scenario.aggregate:
+        crawl["hosts"] = {AGGREGATE_HOST: aggregate_hosts(crawl["hosts"])}
+        record["server"] = {AGGREGATE_HOST: aggregate_servers(record["server"])}
     return record
+
+
+#: The name of the one row of an ``aggregate`` scenario.
+AGGREGATE_HOST = "all"
+
+
+def aggregate_hosts(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One crawl record (as :mod:`bench.crawl` makes) for all *hosts*.
+
+    pages/s runs from the first request to any host to the last page of any
+    host; ``latency_p50``/``p90`` are the medians of the hosts' own (the
+    crawl process does not keep every latency); state samples, taken for
+    every host at once, become the mean limit and the total in flight.
+    """
+    records = list(hosts.values())
+    firsts = [r["first_sent_epoch"] for r in records if r["first_sent_epoch"]]
+    lasts = [r["last_page_epoch"] for r in records if r["last_page_epoch"]]
+    first = min(firsts) if firsts else None
+    last = max(lasts) if lasts else None
+    pages = sum(r["pages"] for r in records)
+    elapsed = last - first if first is not None and last is not None else 0.0
+    status_counts: dict[str, int] = {}
+    failures: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for r in records:
+        for key, value in r["status_counts"].items():
+            status_counts[key] = status_counts.get(key, 0) + value
+        for key, value in r["failures"].items():
+            failures[key] = failures.get(key, 0) + value
+        for key, value in r["failure_examples"].items():
+            examples.setdefault(key, value)
+    inflight: dict[float, list[float]] = {}
+    for r in records:
+        for t, on_wire, in_downloader in r["inflight_samples"]:
+            total = inflight.setdefault(t, [0, 0])
+            total[0] += on_wire
+            total[1] += in_downloader
+    limits: dict[float, list[float]] = {}
+    for r in records:
+        for sample in r["state_samples"]:
+            if isinstance(sample.get("limit"), int | float):
+                limits.setdefault(sample["t"], []).append(sample["limit"])
+
+    def medians(key: str) -> float | None:
+        values = [r[key] for r in records if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "netloc": f"{len(records)} hosts",
+        "pages_requested": sum(r["pages_requested"] for r in records),
+        "pages": pages,
+        "pages_per_second": pages / elapsed if elapsed > 0 else 0.0,
+        "elapsed": elapsed,
+        "first_sent_epoch": first,
+        "last_page_epoch": last,
+        "count_503": sum(r["count_503"] for r in records),
+        "count_429": sum(r["count_429"] for r in records),
+        "status_counts": status_counts,
+        "download_errors": sum(r["download_errors"] for r in records),
+        "failures": failures,
+        "failure_examples": examples,
+        "latency_p50": medians("latency_p50"),
+        "latency_p90": medians("latency_p90"),
+        "done_epochs": sorted(e for r in records for e in r["done_epochs"]),
+        "inflight_samples": [[t, *v] for t, v in sorted(inflight.items())],
+        "state_samples": [
+            {"t": t, "limit": statistics.mean(values)}
+            for t, values in sorted(limits.items())
+        ],
+    }
+
+
+def aggregate_servers(servers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The hosts' server records as one: arrivals on a common host-time
+    (0 = the first arrival at any host), ``max_concurrency`` the most any
+    one host held."""
+    starts = [s["first_arrival_epoch"] for s in servers.values()]
+    known = [start for start in starts if start]
+    origin = min(known) if known else None
+    arrivals: list[list[Any]] = []
+    status_counts: dict[str, int] = {}
+    for server in servers.values():
+        shift = (
+            server["first_arrival_epoch"] - origin
+            if origin is not None and server["first_arrival_epoch"]
+            else 0.0
+        )
+        arrivals += [[a[0] + shift, *a[1:]] for a in server["arrivals"]]
+        for key, value in server["status_counts"].items():
+            status_counts[key] = status_counts.get(key, 0) + value
+    arrivals.sort(key=lambda a: a[0])
+    return {
+        "first_arrival_epoch": origin,
+        "arrivals": arrivals,
+        "max_concurrency": max(
+            (s["max_concurrency"] for s in servers.values()), default=0
+        ),
+        "status_counts": status_counts,
+    }
 
 
 def analyse_run(
@@ -832,6 +998,12 @@ def format_table(scenario: Scenario, result: dict[str, Any]) -> str:
                     f"window: max {m['max_429_per_window']}, all "
                     f"{m['count_429_per_window']}"
                 )
+        cpu = cpu_per_page(run)
+        if cpu is not None:
+            extras.append(
+                f"  {label}: crawl CPU {run['crawl']['crawl_cpu_seconds']:.2f} s, "
+                f"{cpu:.0f} us per page"
+            )
         reason = run["crawl"].get("finish_reason")
         if reason == "closespider_timeout":
             extras.append(
@@ -942,13 +1114,28 @@ def format_verdict(result: dict[str, Any]) -> str:
     )
 
 
+def cpu_per_page(run: dict[str, Any]) -> float | None:
+    """The crawl process's CPU microseconds (spider open to close) per page."""
+    crawl = run.get("crawl") or {}
+    seconds = crawl.get("crawl_cpu_seconds")
+    pages = sum(host["pages"] for host in crawl.get("hosts", {}).values())
+    if seconds is None or not pages:
+        return None
+    return float(seconds) / pages * 1e6
+
+
 def format_medians(result: dict[str, Any]) -> list[str]:
-    """Median (min-max) of pages/s and ratio over the repeats of each config."""
+    """Median (min-max) of pages/s and ratio over the repeats of each config,
+    and of the crawl's CPU time per page."""
     rates: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[str, list[float]] = {}
     for run in result["runs"]:
         if run["status"] != "ok" or run["config"] == "probe":
             continue
+        cpu = cpu_per_page(run)
+        if cpu is not None:
+            cpus.setdefault(run["config"], []).append(cpu)
         for name, m in run["metrics"].items():
             rates.setdefault((run["config"], name), []).append(m["pages_per_second"])
             if m["ratio"] is not None:
@@ -968,6 +1155,13 @@ def format_medians(result: dict[str, Any]) -> list[str]:
                 else ""
             )
         )
+    if cpus:
+        lines.append("crawl CPU us per page, medians (min-max):")
+        lines += [
+            f"  {config:<21} {statistics.median(values):8.0f} "
+            f"({min(values):.0f}-{max(values):.0f})"
+            for config, values in cpus.items()
+        ]
     return lines
 
 
@@ -979,7 +1173,11 @@ def plot(scenario: Scenario, result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    host_names = [host["name"] for host in scenario.hosts]
+    host_names = (
+        [AGGREGATE_HOST]
+        if scenario.aggregate
+        else [host["name"] for host in scenario.hosts]
+    )
     figure, axes = plt.subplots(
         len(host_names), 2, figsize=(13, 3.6 * len(host_names)), squeeze=False
     )

@@ -119,6 +119,9 @@ class ThrottlingManager:
         self.clock: Callable[[], float] = time.monotonic
         self._scope_managers: OrderedDict[ScopeID, Any] = OrderedDict()
         self._reserved: dict[Request, Reservation] = {}
+        #: When each reserved request was sent (on :attr:`clock`), for the
+        #: scopes that learn their pace from 429 answers.
+        self._reserved_at: dict[Request, float] = {}
         self._release_listeners: list[Callable[[ScopeID], None]] = []
         self._crawl_delays: dict[ScopeID, float] = {}
         self._warned_robots: set[ScopeID] = set()
@@ -368,6 +371,7 @@ class ThrottlingManager:
                 raise ScopeManagerError(scope_id, manager, "record_sent", exc) from exc
             reservation.append((scope_id, manager))
         self._reserved[request] = reservation
+        self._reserved_at[request] = now
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
         """Whether *scope_id* has room for one more request now."""
@@ -565,6 +569,7 @@ class ThrottlingManager:
     def release(self, request: Request) -> None:
         """Free the slots reserved for *request*. Idempotent."""
         reservation = self._reserved.pop(request, None)
+        self._reserved_at.pop(request, None)
         if not reservation:
             return
         now = self.clock()
@@ -736,6 +741,8 @@ class ThrottlingManager:
         if backoff is not None:
             with responding(response):  # names the header of a hold in the log
                 self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
+            if response.status == 429:
+                self._record_rate_limited(backoff, now, request)
         if request is None or dont_track(request.meta):
             return
         latency = request.meta.get("download_latency")
@@ -746,6 +753,20 @@ class ThrottlingManager:
             record = getattr(manager, "record_response", None)
             if record is not None:
                 record(latency, response.status, now)
+
+    def _record_rate_limited(
+        self, backoff: BackoffData, now: float, request: Request | None
+    ) -> None:
+        """Tell the scopes that backed off on a 429 that they were refused
+        for their rate (``record_rate_limited``, optional), with when the
+        request was sent, so they can learn the pace the server accepts."""
+        sent_at = self._reserved_at.get(request) if request is not None else None
+        scopes = backoff.keys() if isinstance(backoff, dict) else iter_scopes(backoff)
+        for scope_id in list(scopes):
+            manager = self.get_scope_manager(scope_id)
+            record = getattr(manager, "record_rate_limited", None)
+            if record is not None:
+                record(now, sent_at)
 
     async def process_exception(
         self, request: Request, exception: BaseException

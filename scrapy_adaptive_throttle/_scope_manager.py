@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred
 
 from ._algorithms import (
     BackoffState,
+    LearnedRate,
     QuotaWindow,
     RampupPolicy,
     RampupState,
@@ -67,6 +68,9 @@ class ThrottlingScopeManager:
         self._rampup: RampupState | None = None
         self._rampup_applied: tuple[float, int | None] = (0.0, None)
         self._rampup_steps = (0, 0)
+        #: The pace learned from 429 answers; created by the first one, so
+        #: that scopes never refused cost nothing.
+        self._learned: LearnedRate | None = None
         if self.config.rampup is not None:
             self._init_rampup(throttling.total_concurrency)
 
@@ -108,6 +112,11 @@ class ThrottlingScopeManager:
         self._last_seen = now
         self.active += 1
         self._next_allowed = now + self._spacing()
+        learned = self._learned
+        if learned is not None:
+            # Paced on a schedule, so the crawler's lag does not add up.
+            allowed = learned.record_send(now)
+            self._next_allowed = max(self._next_allowed, allowed)
         if self._quota is not None:
             self._quota.consume(now, amount)
         if self._rampup is not None:
@@ -161,6 +170,42 @@ class ThrottlingScopeManager:
         # The new spacing counts from now (the answer), not from the send
         # that earned it, so the next request waits the whole backed-off delay.
         self._next_allowed = max(self._next_allowed, now + self._backoff.delay)
+
+    def record_rate_limited(
+        self, now: float | None = None, sent_at: float | None = None
+    ) -> None:
+        """Learn the scope's pace from a refusal for too many requests (429).
+
+        Called by the manager after :meth:`record_backoff` for the same
+        answer, with when the refused request was sent (if known). The
+        requests the server accepted over the second before that become the
+        scope's pace (see :ref:`learned-pace`): a floor of its spacing that
+        recovery does not lower, so the scope stops running into the limit
+        after each quiet window. With rampup, the pace is a floor under
+        rampup's delay: rampup still sets the concurrency and slows down
+        past it, and reaches the limit as soon as the pace is learned.
+        """
+        if now is None:
+            now = monotonic()
+        learned = self._learned
+        if learned is None:
+            # The count starts now: the next refusal can be learned from.
+            learned = self._learned = LearnedRate(window=self.config.backoff.window)
+        before = learned.interval
+        # What each probe will cost: this refusal's hold (its Retry-After).
+        interval = learned.refuse(now, sent_at, self._backoff.hold_until - now)
+        if interval != before and self._stats is not None:
+            self._stats.inc_value("throttling/rate_limit/learned_count")
+        if self._debug and interval != before:
+            logger.debug(
+                "Scope %s: %s requests accepted in the last %gs before a 429; "
+                "pace %.4fs -> %.4fs between requests",
+                self.id,
+                learned.accepted,
+                learned.period,
+                before,
+                interval,
+            )
 
     def _on_recovery(self, steps: int) -> None:
         if self._stats is not None:
@@ -409,6 +454,10 @@ class ThrottlingScopeManager:
             "backoff_count": backoff.trigger_count,
             "delay_floor": self._delay_floor,
         }
+        learned = self._learned
+        if learned is not None:
+            state["learned_interval"] = learned.interval
+            state["learned_accepted"] = learned.accepted
         if self._quota is not None:
             state["quota_consumed"] = self._quota.consumed
             state["quota"] = self._quota.quota

@@ -18,6 +18,7 @@ from .jitter import NO_JITTER, JitterRange, apply_jitter
 from .latency import LatencyLimit
 from .quota import QuotaWindow
 from .rampup import RampupPolicy, RampupState
+from .ratelimit import LearnedRate
 
 __all__ = [
     "NO_JITTER",
@@ -25,6 +26,7 @@ __all__ = [
     "BackoffState",
     "JitterRange",
     "LatencyLimit",
+    "LearnedRate",
     "QuotaWindow",
     "RampupPolicy",
     "RampupState",

@@ -1,0 +1,335 @@
+"""LearnedRate: the pace of a rate-limited scope, learned from its 429s.
+
+Pure tests with a fake clock, and a simulated API (a sliding one-second
+window of ``rate`` requests, as ``bench/simhosts.py``'s ``ratelimit`` kind)
+paced by the learned interval, so the figures of issue 9 (at least 0.95 of
+the rate once converged, at most one refusal per 10 s) are pinned without a
+crawl.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scrapy_adaptive_throttle._algorithms import LearnedRate
+
+
+def test_counts_sends_minus_refusals_over_the_period() -> None:
+    rate = LearnedRate()
+    for index in range(30):
+        rate.record_send(10.01 + index * 0.03)  # 10.01 .. 10.88
+    assert rate.count_accepted(10.9) == 30
+    rate.record_send(10.9)
+    rate.refuse(10.901)
+    assert rate.count_accepted(10.95) == 30
+    # Later, only what was sent in the last period counts: the 15 sends
+    # from 10.46, and the refused one, which cancels out with its refusal.
+    assert rate.count_accepted(11.45) == 15
+    assert rate.count_accepted(13.0) == 0
+
+
+def test_first_count_sets_the_interval_with_the_margin() -> None:
+    rate = LearnedRate(margin=0.03)
+    assert rate.interval == 0.0
+    for index in range(51):
+        rate.record_send(index * 0.005)
+    assert rate.refuse(0.26) == pytest.approx(1.03 / 50)
+    assert rate.accepted == 50
+
+
+def test_more_completions_than_kept_are_extrapolated() -> None:
+    rate = LearnedRate(max_samples=100)
+    for index in range(1000):
+        rate.record_send(index * 0.001)  # 1000 per second
+    assert rate.count_accepted(0.9995) == pytest.approx(1000, rel=0.02)
+
+
+def test_echoes_of_a_refusal_are_not_learned_from() -> None:
+    """The requests in flight when a refusal comes back are refused a few
+    milliseconds later: what was accepted in between says nothing."""
+    rate = LearnedRate()
+    for index in range(52):
+        rate.record_send(index * 0.01)
+    learned = rate.refuse(0.515)
+    assert learned == pytest.approx(1.02 / 51)
+    assert rate.refuse(0.516) == learned
+    assert rate.refuse(1.4) == learned  # still the same episode
+    assert rate.refusal_count == 3
+
+
+def test_a_refusal_with_nothing_accepted_learns_nothing() -> None:
+    rate = LearnedRate()
+    assert rate.refuse(5.0) == 0.0
+    assert rate.accepted is None
+    assert rate.refusal_count == 1
+
+
+def test_a_refusal_at_the_learned_pace_slows_by_the_margin() -> None:
+    rate = LearnedRate(margin=0.05, window=0)
+    for index in range(20):
+        rate.record_send(index * 0.045)
+    first = rate.refuse(0.91, sent_at=0.9)
+    assert first == pytest.approx(1.05 / 20)
+    # At that pace, fewer are counted (19 here); the pace slows by the
+    # margin only.
+    rate._sent.extend(2.0 + index * 0.0526 for index in range(19))
+    assert rate.refuse(3.01, sent_at=3.0) == pytest.approx(first * 1.05)
+
+
+def test_after_a_probe_a_short_count_does_not_slow_below_the_known_pace() -> None:
+    rate = LearnedRate(window=10.0)
+    rate._sent.extend(index * 0.045 for index in range(20))
+    known = rate.refuse(0.91, sent_at=0.9)
+    assert known == pytest.approx(1.02 / 20)
+    probed = rate.roll(11.0)
+    assert probed < known
+    rate._sent.extend(11.0 + index * 0.0525 for index in range(19))
+    assert rate.refuse(12.01, sent_at=12.0) == pytest.approx(known)
+    # After probes that found a raised limit, the count is believed.
+    for t in (22.1, 32.2, 42.3):
+        rate.roll(t)
+    rate._sent.extend(43.0 + index * 0.03 for index in range(33))
+    assert rate.refuse(44.0, sent_at=43.99) == pytest.approx(1.02 / 33)
+
+
+def test_a_refusal_at_a_pace_the_count_calls_safe_slows_by_the_margin() -> None:
+    """The count can be one off at the window's edge: 21 where the server
+    allows 20, so the pace learned from it is refused again."""
+    rate = LearnedRate(margin=0.02, window=0)
+    for index in range(22):
+        rate.record_send(index * 0.0476)
+    first = rate.refuse(1.005, sent_at=21 * 0.0476)
+    assert first == pytest.approx(1.02 / 21)
+    # The same count again, at the pace learned from it.
+    rate._sent.extend(3.0 + index * 0.0476 for index in range(21))
+    again = rate.refuse(4.005, sent_at=4.0)
+    assert again == pytest.approx(first * 1.02)
+
+
+def test_probing_shrinks_the_interval_after_quiet_windows() -> None:
+    rate = LearnedRate(window=10.0, probe_step=0.02)
+    for index in range(40):
+        rate.record_send(index * 0.02)
+    learned = rate.refuse(0.8)
+    assert rate.roll(10.7) == learned
+    assert rate.roll(10.8) == pytest.approx(learned / 1.02)
+    # Unrefused: the next steps come one window apart, each twice as large;
+    # a long idle time counts as one window.
+    assert rate.roll(20.8) == pytest.approx(learned / 1.02 / 1.04)
+    assert rate.roll(90.0) == pytest.approx(learned / 1.02 / 1.04 / 1.08)
+    assert rate.probe_count == 3
+
+
+def test_patience_doubles_after_each_refusal_that_follows_a_probe() -> None:
+    rate = LearnedRate(window=10.0, max_patience=4)
+
+    def refuse_at(t: float) -> None:
+        for index in range(20):
+            rate._sent.append(t - 0.9 + index * 0.04)  # sends, not paced
+        rate.refuse(t)
+
+    refuse_at(1.0)
+    rate.roll(11.0)
+    assert rate.probe_count == 1
+    refuse_at(12.0)  # found again: the next probe waits 2 windows
+    rate.roll(12.0 + 19.9)
+    assert rate.probe_count == 1
+    rate.roll(12.0 + 20.0)
+    assert rate.probe_count == 2
+    refuse_at(33.0)  # 4 windows
+    refuse_at(35.0)  # capped at 4
+    rate.roll(35.0 + 39.9)
+    assert rate.probe_count == 2
+    rate.roll(35.0 + 40.0)
+    assert rate.probe_count == 3
+
+
+def test_probing_waits_at_least_thirty_holds() -> None:
+    """A probe costs one Retry-After hold: with a 2-second window and
+    1-second holds, probing every window would cost half of each."""
+    rate = LearnedRate(window=2.0)
+    rate._sent.extend(index * 0.05 for index in range(20))
+    learned = rate.refuse(1.0, sent_at=1.0, hold=1.0)
+    assert rate.roll(1.0 + 29.9) == learned
+    assert rate.roll(1.0 + 30.0) < learned
+
+
+def test_no_probe_without_a_window() -> None:
+    rate = LearnedRate(window=0)
+    for index in range(10):
+        rate.record_send(index * 0.1)
+    learned = rate.refuse(1.0)
+    assert rate.roll(1e6) == learned
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("period", 0.0),
+        ("period", math.nan),
+        ("margin", -0.1),
+        ("margin", math.inf),
+        ("probe_step", -1.0),
+        ("max_samples", 1),
+    ],
+)
+def test_invalid_parameters(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        LearnedRate(**{field: value})  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------
+# A simulated API and a client paced by the learned interval
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class SlidingWindowAPI:
+    """At most ``rate`` requests admitted in any trailing ``period``."""
+
+    rate: float
+    period: float = 1.0
+    admitted: deque[float] = field(default_factory=deque)
+
+    def admit(self, now: float) -> bool:
+        while self.admitted and self.admitted[0] <= now - self.period:
+            self.admitted.popleft()
+        if len(self.admitted) >= self.rate:
+            return False
+        self.admitted.append(now)
+        return True
+
+
+@dataclass
+class Run:
+    pages: list[float] = field(default_factory=list)
+    refusals: list[float] = field(default_factory=list)
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+
+    def pages_per_second(self, start: float, end: float) -> float:
+        return sum(start <= t < end for t in self.pages) / (end - start)
+
+    def refusals_between(self, start: float, end: float) -> int:
+        return sum(start <= t < end for t in self.refusals)
+
+
+def crawl(
+    api: SlidingWindowAPI,
+    rate: LearnedRate,
+    *,
+    seconds: float,
+    unlearned_interval: float,
+    latency: float = 0.010,
+    lag: float = 0.0005,
+    retry_after: float = 1.0,
+    change: tuple[float, float] | None = None,
+) -> Run:
+    """Send as fast as the learned interval allows (before anything is
+    learned: every *unlearned_interval*, an adaptive limit's pace), each send
+    *lag* seconds late (the crawler's loop); every refusal holds the client
+    *retry_after* seconds. *change* = (time, new rate) raises the limit."""
+    run = Run()
+    completions: list[tuple[float, bool, float]] = []
+    next_send = 0.0
+    hold_until = 0.0
+    while True:
+        send_at = max(next_send, hold_until)
+        if completions and completions[0][0] <= send_at:
+            done_at, accepted, sent_at = heapq.heappop(completions)
+            if accepted:
+                run.pages.append(done_at)
+            else:
+                run.refusals.append(done_at)
+                rate.refuse(done_at, sent_at)
+                run.intervals.append((done_at, rate.interval))
+                hold_until = max(hold_until, done_at + retry_after)
+            continue
+        if send_at >= seconds:
+            return run
+        if change is not None and send_at >= change[0]:
+            api.rate = change[1]
+        admitted = api.admit(send_at)
+        heapq.heappush(
+            completions,
+            (send_at + (latency if admitted else 0.001), admitted, send_at),
+        )
+        allowed = rate.record_send(send_at)
+        next_send = (
+            allowed if allowed > send_at else send_at + unlearned_interval
+        ) + lag
+
+
+@pytest.mark.parametrize("limit", [20, 50, 200])
+@pytest.mark.parametrize("window", [2.0, 10.0, 60.0])
+def test_converges_under_the_limit_with_rare_refusals(
+    limit: int, window: float
+) -> None:
+    run = crawl(
+        SlidingWindowAPI(limit),
+        LearnedRate(window=window),
+        seconds=300.0,
+        unlearned_interval=1 / (4 * limit),
+    )
+    assert run.pages_per_second(10.0, 300.0) >= 0.95 * limit
+    # At most one refusal per 10 s once converged.
+    assert run.refusals_between(10.0, 300.0) <= 29
+    for start in range(10, 300, 10):
+        assert run.refusals_between(start, start + 10) <= 1
+
+
+def test_without_learning_every_hold_ends_in_the_limit() -> None:
+    """What the learned pace replaces: a client that only honours the
+    Retry-After hold runs into the limit again as soon as it ends."""
+    run = crawl(
+        SlidingWindowAPI(50),
+        LearnedRate(window=0.0),  # no probing
+        seconds=60.0,
+        unlearned_interval=1 / 200,
+    )
+    assert run.refusals_between(10.0, 60.0) == 0
+    unpaced = LearnedRate(period=1e-6, window=0.0)  # never counts anything
+    run = crawl(SlidingWindowAPI(50), unpaced, seconds=60.0, unlearned_interval=1 / 200)
+    assert run.refusals_between(10.0, 60.0) >= 30
+    assert run.pages_per_second(10.0, 60.0) < 0.9 * 50
+
+
+def test_a_raised_limit_is_found_again_by_probing() -> None:
+    run = crawl(
+        SlidingWindowAPI(20),
+        LearnedRate(window=10.0),
+        seconds=400.0,
+        unlearned_interval=1 / 80,
+        change=(100.0, 30.0),
+    )
+    assert run.pages_per_second(10.0, 100.0) >= 0.93 * 20
+    # Found within a few windows once the next probe comes (the patience
+    # had grown to 4 windows by then).
+    assert run.pages_per_second(200.0, 400.0) >= 0.95 * 30
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    limit=st.integers(min_value=5, max_value=400),
+    lag=st.floats(min_value=0.0, max_value=0.5),
+)
+def test_never_paces_faster_than_the_limit_after_a_refusal(
+    limit: int, lag: float
+) -> None:
+    unlearned = 1 / (3 * limit)
+    run = crawl(
+        SlidingWindowAPI(limit),
+        LearnedRate(window=0.0),
+        seconds=30.0,
+        unlearned_interval=unlearned,
+        lag=lag * unlearned,
+    )
+    learned = [interval for _, interval in run.intervals if interval]
+    assert learned, "a refusal was learned from"
+    assert all(interval >= 0.99 / limit for interval in learned)

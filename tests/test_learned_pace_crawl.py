@@ -1,0 +1,73 @@
+"""The pace learned from 429 answers, in real crawls on both reactors.
+
+An API serving 20 requests per sliding second (429 + ``Retry-After: 1``
+beyond that), crawled with the add-on's defaults and no per-scope setting,
+with most requests yielded from callbacks and every 429 retried. Read at the
+server: after the first refusal episodes the crawl keeps under the limit
+(no more 429s) and close to it (pages per second).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from tests.engine_crawls import ADDON, REACTORS, crawl_follow
+
+RATE = 20
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_an_api_limit_is_learned_from_its_429s(simhosts, reactor):
+    hosts = simhosts(
+        {
+            "name": "R",
+            "kind": "ratelimit",
+            "rate": RATE,
+            "service_time": 0.01,
+            "retry_after": 1,
+        }
+    )
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+            "RETRY_TIMES": 50,
+            "CLOSESPIDER_TIMEOUT": 60,
+        },
+        [hosts.url("R")],
+        depth=2,
+        fanout=14,  # 1 + 14 + 196 pages, all but one from callbacks
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) == 211
+    stats = result["stats"]
+    assert stats["throttling/rate_limit/learned_count"] >= 1
+    arrivals = hosts.stats("R")["arrivals"]
+    refused = [t for t, _, _, status, _ in arrivals if status == 429]
+    served = sorted(t for t, _, _, status, _ in arrivals if status == 200)
+    assert refused, "the crawl met the limit"
+    # Episodes: refusals less than half a second apart (those in flight when
+    # the first came back). The first teaches nothing (no count yet), the
+    # second sets the pace; a count one too many at the window's edge (5 %
+    # at 20/s) costs up to three more, each slowing the pace by 2 %.
+    episodes = [t for i, t in enumerate(refused) if i == 0 or t - refused[i - 1] > 0.5]
+    assert len(episodes) <= 5, refused
+    # Between episodes (each holds the scope 1 s), the pace holds under the
+    # limit and close to it: read on the longest stretch without refusals.
+    starts = [t + 1.0 for t in episodes]
+    ends = [*episodes[1:], math.inf]
+    stretches = [
+        [t for t in served if start < t < end]
+        for start, end in zip(starts, ends, strict=True)
+    ]
+    longest = max(stretches, key=len)
+    assert len(longest) >= 60, (refused, len(served))
+    pace = (len(longest) - 1) / (longest[-1] - longest[0])
+    # (a sliding window lets a long stretch run a little over the rate)
+    assert 0.9 * RATE <= pace <= 1.02 * RATE
