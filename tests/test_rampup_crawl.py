@@ -108,10 +108,13 @@ async def test_rate_limit_is_found_and_retry_after_honoured(simhosts):
     stats = crawler.stats.get_stats()
     assert stats["throttling/rampup/slower_count"] >= 1
     state = crawler.throttler.get_scope_state(netloc)
-    # One request at a time is already far faster than 20/s: the delay is
-    # the brake, and concurrency stays at its floor.
-    assert state["limit"] == 1
-    assert state["base_delay"] > 0
+    # One request at a time is already far faster than 20/s: a delay is the
+    # brake (rampup's own, or the pace learned from the 429s, under which
+    # rampup's delay may fall and its concurrency take one step up), and
+    # concurrency stays near its floor, at the server too.
+    assert state["base_delay"] > 0 or state.get("learned_interval", 0) > 0, state
+    assert state["limit"] <= 2, state
+    assert hosts.stats("R")["max_concurrency"] <= 2
 
 
 @pytest.mark.parametrize("manager", [ThrottlingScopeManager, LatencyScopeManager])
