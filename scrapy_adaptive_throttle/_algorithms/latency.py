@@ -127,7 +127,7 @@ slow and the limit stays below what the host allows (it still grows, slowly).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 
 __all__ = ["LatencyLimit"]
@@ -236,6 +236,7 @@ class LatencyLimit:
     __slots__ = (
         "_baseline_level",
         "_baseline_samples",
+        "_deviations",
         "_dirty",
         "_failed_at",
         "_failed_level",
@@ -262,6 +263,7 @@ class LatencyLimit:
         "_slow",
         "_slow_round_median",
         "_slow_start",
+        "_sorted",
         "_spread",
         "_steady",
         "_updated_at",
@@ -313,6 +315,12 @@ class LatencyLimit:
         # flight when the answer came): the baseline is made of the lowest
         # levels that show no queue.
         self._levels: dict[int, deque[tuple[float, float]]] = {}
+        # The same latencies per level, sorted, and their log-deviations from
+        # the level's median (computed when needed): kept up to date per
+        # answer so that a baseline update sorts and logs nothing it did not
+        # have to (samples of a level change one at a time).
+        self._sorted: dict[int, list[float]] = {}
+        self._deviations: dict[int, list[float]] = {}
         # (time, whole limit) at its recent changes.
         self._limits: deque[tuple[float, int]] = deque(maxlen=_LIMIT_HISTORY)
         # (time, requests in flight) of recent sends, from on_sent().
@@ -502,7 +510,15 @@ class LatencyLimit:
         samples = self._levels.get(level)
         if samples is None:
             samples = self._levels[level] = deque(maxlen=_LEVEL_SAMPLES)
+            ordered = self._sorted[level] = []
+        else:
+            ordered = self._sorted[level]
+            if len(samples) == _LEVEL_SAMPLES:
+                # The deque drops its oldest sample: so does the sorted list.
+                del ordered[bisect_left(ordered, samples[0][1])]
         samples.append((now, latency))
+        insort(ordered, latency)
+        self._deviations.pop(level, None)
         if level <= self._baseline_level + 1:
             self._dirty = True
 
@@ -536,10 +552,12 @@ class LatencyLimit:
         share = above / older
         if share <= 0.5 + _Z * 0.5 * math.sqrt(1 / older + 1 / len(probe)):
             return
-        for samples in self._levels.values():
+        for key, samples in self._levels.items():
             kept = [(t, x) for t, x in samples if t - x >= started]
             samples.clear()
             samples.extend(kept)
+            self._sorted[key] = sorted(latency for _, latency in kept)
+        self._deviations.clear()
         self._dirty = True
 
     def _update_baseline(self, now: float) -> None:
@@ -555,20 +573,29 @@ class LatencyLimit:
         self._updated_at = now
         horizon = now - 2 * self.window
         levels = self._levels
+        cached = self._deviations
         by_level: list[tuple[int, list[float]]] = []
         deviations: list[float] = []
         for level in sorted(levels):
             samples = levels[level]
-            while samples and samples[0][0] < horizon:
-                samples.popleft()
-            if not samples:
-                del levels[level]
-                continue
-            latencies = sorted(latency for _, latency in samples)
+            latencies = self._sorted[level]
+            if not samples or samples[0][0] < horizon:
+                while samples and samples[0][0] < horizon:
+                    del latencies[bisect_left(latencies, samples.popleft()[1])]
+                cached.pop(level, None)
+                if not samples:
+                    del levels[level]
+                    del self._sorted[level]
+                    continue
             by_level.append((level, latencies))
             if len(latencies) > 1:
-                center = math.log(_median(latencies))
-                deviations.extend(math.log(value) - center for value in latencies)
+                known = cached.get(level)
+                if known is None:
+                    center = math.log(_median(latencies))
+                    known = cached[level] = [
+                        math.log(value) - center for value in latencies
+                    ]
+                deviations.extend(known)
         if not by_level:
             return
         spread = _MIN_SPREAD
@@ -626,10 +653,13 @@ class LatencyLimit:
     ) -> None:
         """The host itself changed speed: start the baseline over."""
         self._levels.clear()
+        self._sorted.clear()
+        self._deviations.clear()
         level = max(1, int(self.limit))
         samples: deque[tuple[float, float]] = deque(maxlen=_LEVEL_SAMPLES)
         samples.extend((now, latency) for latency in latencies)
         self._levels[level] = samples
+        self._sorted[level] = sorted(latency for _, latency in samples)
         self._set_baseline(baseline, latencies, level)
         # Established: the next pools must come from levels as low as this
         # round's, or show another change of speed.
