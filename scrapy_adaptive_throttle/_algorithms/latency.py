@@ -127,7 +127,7 @@ slow and the limit stays below what the host allows (it still grows, slowly).
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right
 from collections import deque
 
 __all__ = ["LatencyLimit"]
@@ -316,9 +316,9 @@ class LatencyLimit:
         # levels that show no queue.
         self._levels: dict[int, deque[tuple[float, float]]] = {}
         # The same latencies per level, sorted, and their log-deviations from
-        # the level's median (computed when needed): kept up to date per
-        # answer so that a baseline update sorts and logs nothing it did not
-        # have to (samples of a level change one at a time).
+        # the level's median, computed when the baseline needs them and kept
+        # until the level changes: an answer changes one level, so an update
+        # sorts and logs that level only.
         self._sorted: dict[int, list[float]] = {}
         self._deviations: dict[int, list[float]] = {}
         # (time, whole limit) at its recent changes.
@@ -510,14 +510,9 @@ class LatencyLimit:
         samples = self._levels.get(level)
         if samples is None:
             samples = self._levels[level] = deque(maxlen=_LEVEL_SAMPLES)
-            ordered = self._sorted[level] = []
-        else:
-            ordered = self._sorted[level]
-            if len(samples) == _LEVEL_SAMPLES:
-                # The deque drops its oldest sample: so does the sorted list.
-                del ordered[bisect_left(ordered, samples[0][1])]
         samples.append((now, latency))
-        insort(ordered, latency)
+        # Sorted again when the baseline is next computed, and only this level.
+        self._sorted.pop(level, None)
         self._deviations.pop(level, None)
         if level <= self._baseline_level + 1:
             self._dirty = True
@@ -552,11 +547,11 @@ class LatencyLimit:
         share = above / older
         if share <= 0.5 + _Z * 0.5 * math.sqrt(1 / older + 1 / len(probe)):
             return
-        for key, samples in self._levels.items():
+        for samples in self._levels.values():
             kept = [(t, x) for t, x in samples if t - x >= started]
             samples.clear()
             samples.extend(kept)
-            self._sorted[key] = sorted(latency for _, latency in kept)
+        self._sorted.clear()
         self._deviations.clear()
         self._dirty = True
 
@@ -576,17 +571,20 @@ class LatencyLimit:
         cached = self._deviations
         by_level: list[tuple[int, list[float]]] = []
         deviations: list[float] = []
+        ordered = self._sorted
         for level in sorted(levels):
             samples = levels[level]
-            latencies = self._sorted[level]
             if not samples or samples[0][0] < horizon:
                 while samples and samples[0][0] < horizon:
-                    del latencies[bisect_left(latencies, samples.popleft()[1])]
+                    samples.popleft()
+                ordered.pop(level, None)
                 cached.pop(level, None)
                 if not samples:
                     del levels[level]
-                    del self._sorted[level]
                     continue
+            latencies = ordered.get(level)
+            if latencies is None:
+                latencies = ordered[level] = sorted(x for _, x in samples)
             by_level.append((level, latencies))
             if len(latencies) > 1:
                 known = cached.get(level)
@@ -659,7 +657,6 @@ class LatencyLimit:
         samples: deque[tuple[float, float]] = deque(maxlen=_LEVEL_SAMPLES)
         samples.extend((now, latency) for latency in latencies)
         self._levels[level] = samples
-        self._sorted[level] = sorted(latency for _, latency in samples)
         self._set_baseline(baseline, latencies, level)
         # Established: the next pools must come from levels as low as this
         # round's, or show another change of speed.
