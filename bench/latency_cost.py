@@ -1,6 +1,7 @@
 """CPU cost per answer of :class:`LatencyLimit`, for 1 and for 200 scopes.
 
-``python -m bench.latency_cost [--scopes 1,200] [--answers 50] [--repeat 5]``
+``python -m bench.latency_cost [--scopes 1,200] [--answers 50] [--repeat 5]
+[--compare REV]``
 
 Each scope is one ``LatencyLimit`` (the add-on's defaults: ceiling 32,
 window 30 s) driven on a fake clock in rounds: ``current()`` requests sent
@@ -11,6 +12,11 @@ one ``on_response``; the latencies are drawn beforehand), the best of
 ``--repeat`` runs. With 1 scope the scope answers ``--answers`` x 200 times,
 so that both rows time the same number of calls. No network, no Scrapy: the
 algorithm only, which is what the add-on adds to every response.
+
+``--compare REV`` also times ``LatencyLimit`` as it is in the git revision
+*REV* (its ``_algorithms/latency.py``, loaded from ``git show``), the two
+versions alternating run by run in this one process, so that the machine's
+load weighs on both alike.
 """
 
 from __future__ import annotations
@@ -19,15 +25,33 @@ import argparse
 import gc
 import math
 import random
+import subprocess
 import time
+import types
+from typing import Any
 
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
 
 
-def run(scopes: int, answers: int, seed: int = 1) -> float:
+def load_revision(revision: str) -> Any:
+    """``LatencyLimit`` as it is in git revision *revision*."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:scrapy_adaptive_throttle/_algorithms/latency.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    module = types.ModuleType(f"latency_{revision}")
+    exec(compile(source, module.__name__, "exec"), module.__dict__)
+    return module.LatencyLimit
+
+
+def run(scopes: int, answers: int, seed: int = 1, cls: Any = LatencyLimit) -> float:
     """Microseconds per answer for *scopes* limits of *answers* answers each."""
     rng = random.Random(seed)
-    limits = [LatencyLimit(maximum=32, window=30.0) for _ in range(scopes)]
+    limits = [cls(maximum=32, window=30.0) for _ in range(scopes)]
+    # Versions before the median baseline have no on_sent().
+    sends = hasattr(cls, "on_sent")
     clocks = [0.0] * scopes
     left = [answers] * scopes
     draws = [0.02 * math.exp(rng.gauss(0.0, 0.6)) for _ in range(4096)]
@@ -52,8 +76,9 @@ def run(scopes: int, answers: int, seed: int = 1) -> float:
                 )
                 drawn += count
                 start = time.perf_counter()
-                for _ in range(count):
-                    limit.on_sent(sent, count)
+                if sends:
+                    for _ in range(count):
+                        limit.on_sent(sent, count)
                 for latency in latencies:
                     limit.on_response(sent + latency, latency, count)
                 spent += time.perf_counter() - start
@@ -71,14 +96,23 @@ def main() -> None:
     parser.add_argument("--scopes", default="1,200")
     parser.add_argument("--answers", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--compare", metavar="REV", help="also time git revision REV")
     args = parser.parse_args()
     counts = [int(value) for value in args.scopes.split(",")]
     most = max(counts)
-    print(f"scopes  answers/scope  us/answer (best of {args.repeat})")
+    versions: dict[str, Any] = {"working tree": LatencyLimit}
+    if args.compare:
+        versions = {args.compare: load_revision(args.compare), **versions}
+    print(f"us/answer, best of {args.repeat}")
+    print("scopes  answers/scope  " + "  ".join(f"{name:>12}" for name in versions))
     for scopes in counts:
         answers = args.answers * most // scopes
-        best = min(run(scopes, answers, seed) for seed in range(1, args.repeat + 1))
-        print(f"{scopes:6d}  {answers:13d}  {best:9.2f}")
+        best = {name: math.inf for name in versions}
+        for seed in range(1, args.repeat + 1):
+            for name, cls in versions.items():
+                best[name] = min(best[name], run(scopes, answers, seed, cls))
+        row = "  ".join(f"{best[name]:12.2f}" for name in versions)
+        print(f"{scopes:6d}  {answers:13d}  {row}")
 
 
 if __name__ == "__main__":
