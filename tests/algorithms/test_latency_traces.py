@@ -245,6 +245,68 @@ def test_noisy_host_settles_near_capacity_within_the_tolerance(
     assert statistics.mean(result.limits(4.0)) >= 8
 
 
+#: Measured gaps after a cold start: on lognormal hosts the sign test of
+#: LatencyLimit._supersede misses some seeds (baseline 1.16-1.26 x the
+#: unloaded median, settled median 1.57-1.78 x); on the bimodal host at a
+#: 2 ms turnaround the baseline is right (1.00-1.02 x) but the settled median
+#: is 1.57 x, the bimodal queue of BIMODAL_QUEUE; one heavy-tailed seed
+#: takes a tail for a slowdown (rebaseline_count 2) and its median is 1.92 x.
+COLD_GAPS = {
+    ("lognormal-0.3", 2, 0.008): "lognormal: baseline 1.16 x, median 1.57 x",
+    ("lognormal-0.6", 1, 0.002): "lognormal: baseline 1.26 x, median 1.78 x",
+    ("lognormal-1.0", 1, 0.002): "lognormal: baseline 0.96 x, median 1.52 x",
+    ("lognormal-1.0", 1, 0.008): "lognormal: baseline 1.17 x, median 1.71 x",
+    ("lognormal-1.0", 3, 0.002): "lognormal: baseline 1.07 x, median 1.66 x",
+    ("lognormal-0.6", 3, 0.008): "lognormal: baseline 1.43 x",
+    ("bimodal", 1, 0.002): "bimodal queue: baseline 1.00 x, median 1.57 x",
+    ("bimodal", 2, 0.002): "bimodal queue: baseline 1.02 x, median 1.57 x",
+    ("heavy-tailed", 3, 0.008): "two slowdown rebaselines: median 1.92 x",
+}
+COLD_START_CASES = [
+    pytest.param(
+        name,
+        seed,
+        turnaround,
+        marks=pytest.mark.xfail(strict=True, reason=COLD_GAPS[name, seed, turnaround]),
+    )
+    if (name, seed, turnaround) in COLD_GAPS
+    else pytest.param(name, seed, turnaround)
+    for name in DISTRIBUTIONS
+    for seed in (1, 2, 3)
+    for turnaround in (0.002, 0.008)
+]
+
+
+@pytest.mark.parametrize(("name", "seed", "turnaround"), COLD_START_CASES)
+def test_a_slow_first_quarter_second_does_not_stay_in_the_baseline(
+    name: str, seed: int, turnaround: float
+) -> None:
+    # A crawl's first answers are slower than the host (new connections, a
+    # crawler starting up): here twice the service time for the first
+    # 0.25 s, all of slow start. Measured with Scrapy, the baseline stayed at
+    # 2.1x and 1.8x the unloaded median on the bimodal and heavy-tailed hosts
+    # (slow start's answers outlived the probe rounds), and so did the median
+    # latency at the host. Without LatencyLimit._supersede 21 of these 30
+    # cases fail; with it 9 (COLD_GAPS).
+    draw = DISTRIBUTIONS[name]
+    host = SimulatedHost(
+        workers=8,
+        service=MEDIAN,
+        draw=draw,
+        rng=random.Random(seed),
+        service_at=lambda now: 2 * MEDIAN if now < 0.25 else MEDIAN,
+    )
+    limit = LatencyLimit(maximum=32, window=30.0)
+    result = crawl(limit, host, 12.0, turnaround)
+    # Slow start may overshoot while the host is slow (a 503 within the first
+    # second in three seeds); none once it is not.
+    assert all(when < 1.0 for when in result.overloads)
+    assert limit.best is not None
+    assert limit.best == pytest.approx(unloaded_median(draw), rel=0.3)
+    assert result.rate(4.0, 12.0) >= 0.9 * host.capacity
+    assert result.median_latency(4.0) <= 1.5 * unloaded_median(draw)
+
+
 def test_noisy_slowdown_and_recovery() -> None:
     draw = lognormal(0.6)
     host = SimulatedHost(
