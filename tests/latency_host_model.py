@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scrapy_adaptive_throttle._algorithms import LatencyLimit
+
 __all__ = [
     "Client",
     "CrawlResult",
@@ -233,3 +235,46 @@ def simulate(
 
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+class LimitClient:
+    """Drive a bare :class:`LatencyLimit` (no pause after a 503)."""
+
+    def __init__(self, limit: LatencyLimit) -> None:
+        self.latency_limit = limit
+        self.in_flight = 0
+
+    def limit(self) -> int:
+        return self.latency_limit.current()
+
+    def wait(self, now: float) -> float:
+        return 0.0
+
+    def sent(self, now: float) -> None:
+        self.in_flight += 1
+        self.latency_limit.on_sent(now, self.in_flight)
+
+    def answered(self, now: float, latency: float, overloaded: bool) -> None:
+        if overloaded:
+            self.latency_limit.on_overload(now)
+        else:
+            self.latency_limit.on_response(now, latency, self.in_flight)
+
+    def freed(self, now: float) -> None:
+        self.in_flight -= 1
+
+
+def crawl(
+    limit: LatencyLimit,
+    host: SimulatedHost,
+    duration: float,
+    turnaround: float = 0.002,
+) -> CrawlResult:
+    """Crawl *host* with a bare *limit*, tracing its fractional value."""
+    return simulate(
+        LimitClient(limit),
+        host,
+        duration,
+        turnaround=turnaround,
+        limit_of=lambda: limit.limit,
+    )

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
-from tests.latency_host_model import SimulatedHost, mean, simulate
+from tests.latency_host_model import SimulatedHost, crawl, mean
 
 # -- unit rules ---------------------------------------------------------------
 
@@ -387,45 +387,6 @@ def test_snapshot() -> None:
 
 
 # -- a simulated host ---------------------------------------------------------
-
-
-class LimitClient:
-    """Drive a bare :class:`LatencyLimit` (no pause after a 503)."""
-
-    def __init__(self, limit: LatencyLimit) -> None:
-        self.latency_limit = limit
-        self.in_flight = 0
-
-    def limit(self) -> int:
-        return self.latency_limit.current()
-
-    def wait(self, now: float) -> float:
-        return 0.0
-
-    def sent(self, now: float) -> None:
-        self.in_flight += 1
-        self.latency_limit.on_sent(now, self.in_flight)
-
-    def answered(self, now: float, latency: float, overloaded: bool) -> None:
-        if overloaded:
-            self.latency_limit.on_overload(now)
-        else:
-            self.latency_limit.on_response(now, latency, self.in_flight)
-
-    def freed(self, now: float) -> None:
-        self.in_flight -= 1
-
-
-def crawl(
-    limit: LatencyLimit, host: SimulatedHost, duration: float, turnaround: float = 0.002
-) -> Any:
-    return simulate(
-        LimitClient(limit),
-        host,
-        duration,
-        turnaround=turnaround,
-        limit_of=lambda: limit.limit,
-    )
 
 
 @pytest.mark.parametrize("turnaround", [0.002, 0.008])

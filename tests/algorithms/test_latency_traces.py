@@ -11,7 +11,6 @@ import math
 import random
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -21,9 +20,9 @@ from scrapy_adaptive_throttle._algorithms import LatencyLimit
 from tests.latency_host_model import (
     SimulatedHost,
     bimodal,
+    crawl,
     heavy_tailed,
     lognormal,
-    simulate,
 )
 
 Draw = Callable[[random.Random, float], float]
@@ -177,45 +176,6 @@ def test_a_growing_queue_shrinks_the_limit_within_a_couple_of_rounds(
 
 
 # -- a simulated host (W workers, FIFO queue, crawler turnaround) --------------
-
-
-class LimitClient:
-    """Drive a bare :class:`LatencyLimit` (no pause after a 503)."""
-
-    def __init__(self, limit: LatencyLimit) -> None:
-        self.latency_limit = limit
-        self.in_flight = 0
-
-    def limit(self) -> int:
-        return self.latency_limit.current()
-
-    def wait(self, now: float) -> float:
-        return 0.0
-
-    def sent(self, now: float) -> None:
-        self.in_flight += 1
-        self.latency_limit.on_sent(now, self.in_flight)
-
-    def answered(self, now: float, latency: float, overloaded: bool) -> None:
-        if overloaded:
-            self.latency_limit.on_overload(now)
-        else:
-            self.latency_limit.on_response(now, latency, self.in_flight)
-
-    def freed(self, now: float) -> None:
-        self.in_flight -= 1
-
-
-def crawl(
-    limit: LatencyLimit, host: SimulatedHost, duration: float, turnaround: float
-) -> Any:
-    return simulate(
-        LimitClient(limit),
-        host,
-        duration,
-        turnaround=turnaround,
-        limit_of=lambda: limit.limit,
-    )
 
 
 HOST_CASES = [
