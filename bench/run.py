@@ -24,7 +24,10 @@ CONCURRENT_REQUESTS_PER_DOMAIN=16), ``ratelimit`` (429 + Retry-After past 50
 requests/s; 429s per 2 s window; ``bench/ratelimit.py`` runs longer crawls of
 such an API), ``many-hosts`` (200 queue hosts of mixed capacities, 50 pages
 each, CONCURRENT_REQUESTS 64: every configuration as one row, over plain
-Scrapy's pages/s in the same repeat, with the crawl's CPU time per page).
+Scrapy's pages/s in the same repeat, with the crawl's CPU time per page),
+and the noisy hosts ``noisy-lognormal-0.3``, ``-0.6``, ``-1.0``,
+``noisy-bimodal`` and ``noisy-heavy-tailed`` (host A's workers with a random
+service time). ``--scenario`` takes several, comma-separated.
 
 Choices worth knowing:
 
@@ -1380,8 +1383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scenario",
         default="all",
-        choices=["all", *SCENARIOS],
-        help="scenario to run (default: all)",
+        help="scenario(s) to run, comma-separated, or all (the default); "
+        f"known: {', '.join(SCENARIOS)}",
     )
     parser.add_argument("--quick", action="store_true", help="short runs (~1-2 min)")
     parser.add_argument(
@@ -1421,7 +1424,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    names = (
+        list(SCENARIOS)
+        if args.scenario == "all"
+        else [name.strip() for name in args.scenario.split(",") if name.strip()]
+    )
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown or not names:
+        parser.error(f"unknown scenarios {unknown}; known: {list(SCENARIOS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     global TIMELINE_DIR
     TIMELINE_DIR = None if args.no_plot else args.out
