@@ -123,6 +123,7 @@ class ThrottlingManager:
         #: scopes that learn their pace from 429 answers.
         self._reserved_at: dict[Request, float] = {}
         self._release_listeners: list[Callable[[ScopeID], None]] = []
+        self._timer_listeners: list[Callable[[ScopeID], None]] = []
         self._crawl_delays: dict[ScopeID, float] = {}
         self._warned_robots: set[ScopeID] = set()
         # Reserved requests to gate again (see _regate_reserved).
@@ -323,6 +324,55 @@ class ThrottlingManager:
         """Stop calling *listener*."""
         if listener in self._release_listeners:
             self._release_listeners.remove(listener)
+
+    def add_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
+        """Call *listener* with the scope id whenever a time gate of it opened
+        sooner than it said (see :meth:`refund_cached`)."""
+        self._timer_listeners.append(listener)
+
+    def remove_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
+        """Stop calling *listener*."""
+        if listener in self._timer_listeners:
+            self._timer_listeners.remove(listener)
+
+    def refund_cached(self, request: Request) -> None:
+        """*request* was answered from Scrapy's HTTP cache: give its send back.
+
+        It never reached the host, so it does not space the next request of
+        its scopes (delay and jitter) nor use their quota: a crawl served
+        from the cache runs as fast as with Scrapy's own downloader, which
+        applies ``DOWNLOAD_DELAY`` only to requests it downloads. Its slots
+        are freed by :meth:`release`, as for every request. Scope managers
+        other than :class:`~scrapy_adaptive_throttle.ThrottlingScopeManager`
+        (and its subclasses) keep what they recorded.
+        """
+        from ._scope_manager import ThrottlingScopeManager
+
+        reservation = self._reserved.get(request)
+        sent_at = self._reserved_at.get(request)
+        if not reservation or sent_at is None:
+            return
+        amounts = dict(self._sent_scope_values(request))
+        now = self.clock()
+        opened: list[ScopeID] = []
+        for scope_id, manager in reservation:
+            if not isinstance(manager, ThrottlingScopeManager):
+                continue
+            try:
+                if manager.refund_send(sent_at, now, amounts.get(scope_id)):
+                    opened.append(scope_id)
+            except Exception as exc:
+                error = ScopeManagerError(scope_id, manager, "refund_send", exc)
+                report(
+                    request,
+                    error.component,
+                    exc,
+                    "its send still spaces the next one of that scope",
+                    self._stats,
+                )
+        for listener in self._timer_listeners:
+            for scope_id in opened:
+                listener(scope_id)
 
     # -- readiness -------------------------------------------------------------
 

@@ -225,6 +225,10 @@ class ThrottlingAwarePriorityQueue:
         self._needs_head = self.gate.needs_head
         self._quotas = dict(self.gate.quotas)
         self.gate.add_release_listener(self._on_release)
+        # Scope sets waiting for a time gate, by scope: a cache hit that gives
+        # its send back opens that scope's gate early (_on_timer_opened).
+        self._timed_by_scope: dict[ScopeID, set[str]] = {}
+        self.gate.add_timer_listener(self._on_timer_opened)
         for json_key, prios in (startprios or {}).items():
             scopes = json.loads(json_key)
             entry = self._entry(scopes, prios)
@@ -258,6 +262,8 @@ class ThrottlingAwarePriorityQueue:
         return self.key + "/" + _dir_name(json.dumps(scopes))
 
     def _make_ready(self, entry: _Entry) -> None:
+        if entry.state == _TIMED:
+            self._unindex_timed(entry)
         self._seq += 1
         entry.seq = self._seq
         entry.state = _READY
@@ -268,7 +274,33 @@ class ThrottlingAwarePriorityQueue:
             heapq.heappush(self._ready_priorities, priority)
         fifo.append((entry.seq, entry.key))
 
+    def _unindex_timed(self, entry: _Entry) -> None:
+        index = self._timed_by_scope
+        for scope in entry.scopes:
+            keys = index.get(scope)
+            if keys is not None:
+                keys.discard(entry.key)
+                if not keys:
+                    del index[scope]
+
+    def _on_timer_opened(self, scope_id: ScopeID) -> None:
+        keys = self._timed_by_scope.get(scope_id)
+        if not keys:
+            return
+        entries = self._entries
+        for key in list(keys):
+            entry = entries.get(key)
+            if entry is not None and entry.state == _TIMED:
+                # Looked at again by the next pop; its old timer goes stale.
+                self._make_ready(entry)
+            else:
+                keys.discard(key)
+        if not keys:
+            self._timed_by_scope.pop(scope_id, None)
+
     def _remove(self, entry: _Entry) -> None:
+        if entry.state == _TIMED:
+            self._unindex_timed(entry)
         del self._entries[entry.key]
         entry.queue.close()
         if self.key:
@@ -466,6 +498,13 @@ class ThrottlingAwarePriorityQueue:
             self._seq += 1
             entry.seq = self._seq
             heapq.heappush(self._timed, (now + wait, entry.seq, entry.key))
+            index = self._timed_by_scope
+            for scope in entry.scopes:
+                keys = index.get(scope)
+                if keys is None:
+                    index[scope] = {entry.key}
+                else:
+                    keys.add(entry.key)
             self._pass_on(entry)
             return None
         elif blocked is not None:
@@ -609,6 +648,7 @@ class ThrottlingAwarePriorityQueue:
             self._wakeup.cancel()
             self._wakeup = None
         self.gate.remove_release_listener(self._on_release)
+        self.gate.remove_timer_listener(self._on_timer_opened)
         while self._delayed:
             # Queued with their wall-clock deadline (not marked as delayed):
             # a resumed crawl holds them again until then (see pop()).

@@ -106,6 +106,14 @@ class QueueGate(Protocol):
     def remove_release_listener(self, listener: ReleaseListener) -> None:
         """Stop calling *listener*."""
 
+    def add_timer_listener(self, listener: ReleaseListener) -> None:
+        """Call *listener* with a scope id whenever a time gate of it opened
+        sooner than :meth:`check_scopes` said (a cache hit gave its send
+        back)."""
+
+    def remove_timer_listener(self, listener: ReleaseListener) -> None:
+        """Stop calling *listener*."""
+
 
 #: One gate per crawler: the queue and the downloader must share it, since
 #: the downloader's releases are what wakes the queue.
@@ -288,6 +296,13 @@ class ProtocolManagerGate:
     def remove_release_listener(self, listener: ReleaseListener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
+
+    def add_timer_listener(self, listener: ReleaseListener) -> None:
+        # The protocol has no refunds: its time gates open when they said.
+        pass
+
+    def remove_timer_listener(self, listener: ReleaseListener) -> None:
+        pass
 
 
 def _name(component: object) -> str:

@@ -58,6 +58,11 @@ class ThrottlingScopeManager:
             else None
         )
         self._next_allowed = 0.0
+        # The last send, and the next-send time before it: what a request
+        # served from a cache gives back (refund_send).
+        self._last_sent_at: float | None = None
+        self._allowed_before_send = 0.0
+        self._allowed_after_send = 0.0
         # A robots.txt Crawl-delay: no jitter ever spaces two sends closer.
         self._delay_floor = 0.0
         self._debug = throttling.debug
@@ -111,16 +116,49 @@ class ThrottlingScopeManager:
             now = monotonic()
         self._last_seen = now
         self.active += 1
+        self._last_sent_at = now
+        self._allowed_before_send = self._next_allowed
         self._next_allowed = now + self._spacing()
         learned = self._learned
         if learned is not None:
             # Paced on a schedule, so the crawler's lag does not add up.
             allowed = learned.record_send(now)
             self._next_allowed = max(self._next_allowed, allowed)
+        self._allowed_after_send = self._next_allowed
         if self._quota is not None:
             self._quota.consume(now, amount)
         if self._rampup is not None:
             self._rampup.observe_send(now, self.active)
+
+    def refund_send(
+        self, sent_at: float, now: float | None = None, amount: float | None = None
+    ) -> bool:
+        """Give back what the send at *sent_at* took from the time gates: the
+        request was answered from a cache (``HTTPCACHE_ENABLED``) and never
+        reached the host, so it does not space the next send, as with
+        Scrapy's own downloader, whose delay a cache hit never waits for.
+
+        The delay is given back only if nothing changed it since (a later
+        send, a backoff, a recovery, a pace learned from 429s); *amount* goes back
+        to the quota. The slot itself is freed by :meth:`record_done`, as for
+        any request. Returns whether the next send may now come sooner.
+        """
+        if now is None:
+            now = monotonic()
+        if self._quota is not None and amount is not None and amount > 0:
+            self._quota.reconcile(now, consumed=-amount)
+        if (
+            self._last_sent_at != sent_at
+            or self._learned is not None
+            or self._next_allowed != self._allowed_after_send
+        ):
+            return False
+        self._last_sent_at = None
+        before = self._allowed_before_send
+        if before >= self._next_allowed:
+            return False
+        self._next_allowed = before
+        return True
 
     def _spacing(self) -> float:
         backoff = self._backoff

@@ -414,6 +414,7 @@ class ThrottlingDownloaderMiddleware:
 
     async def process_response(self, request: Request, response: Response) -> Response:
         if "cached" in response.flags:
+            self._refund_cached(request)
             return response
         if 300 <= response.status < 400:
             self._hold_redirect(request, response)
@@ -431,6 +432,26 @@ class ThrottlingDownloaderMiddleware:
                 self.crawler.stats,
             )
         return response
+
+    def _refund_cached(self, request: Request) -> None:
+        """A cache hit reserved its scopes when the queue handed it out (the
+        cache answers after that, in the middleware chain): give the send
+        back, so that cache hits do not wait for each other's delay."""
+        from ._manager import ThrottlingManager
+
+        throttler = self.throttler
+        if not isinstance(throttler, ThrottlingManager):
+            return
+        try:
+            throttler.refund_cached(request)
+        except Exception as exc:
+            report(
+                request,
+                f"{_name(throttler)}.refund_cached()",
+                exc,
+                "its send still spaces the next one",
+                self.crawler.stats,
+            )
 
     def _hold_redirect(self, request: Request, response: Response) -> None:
         """Hold the request RedirectMiddleware builds from a redirect with a

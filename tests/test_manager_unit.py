@@ -56,6 +56,40 @@ def test_delay_is_counted_from_each_send() -> None:
     assert scope.can_send(now=2.0) == 0.0
 
 
+def test_a_cache_hit_gives_its_send_back() -> None:
+    scope = scope_manager(DOWNLOAD_DELAY=2.0)
+    scope.record_sent(now=0.0)
+    scope.record_sent(now=2.0)
+    assert scope.can_send(now=2.1) == pytest.approx(1.9)
+    # Only the last send can be given back: the one before it already let
+    # the last one wait.
+    assert not scope.refund_send(0.0, now=2.1)
+    assert scope.refund_send(2.0, now=2.1)
+    # The next send is spaced from the send before the cache hit.
+    assert scope.can_send(now=2.1) == 0.0
+    # Once only.
+    assert not scope.refund_send(2.0, now=2.2)
+
+
+def test_a_cache_hit_never_gives_back_a_backoff_hold() -> None:
+    scope = scope_manager(DOWNLOAD_DELAY=2.0)
+    scope.record_sent(now=0.0)
+    scope.record_backoff(5.0, now=0.1)
+    assert not scope.refund_send(0.0, now=0.2)
+    assert scope.can_send(now=0.2) == pytest.approx(4.9)
+
+
+def test_a_cache_hit_gives_its_quota_back() -> None:
+    scope = scope_manager(
+        THROTTLING_WINDOW=10.0,
+        THROTTLING_SCOPES={"example.com": {"quota": 3.0}},
+    )
+    scope.record_sent(now=0.0, amount=2.0)
+    assert scope.can_send(now=0.1, amount=2.0) == pytest.approx(9.9)
+    scope.refund_send(0.0, now=0.1, amount=2.0)
+    assert scope.can_send(now=0.1, amount=2.0) == 0.0
+
+
 def test_jitter_range_bounds_the_spacing() -> None:
     crawler = get_crawler(settings_dict={"DOWNLOAD_DELAY": 1.0})
     scope = ThrottlingScopeManager(crawler, {"id": "a.example", "jitter": [-0.25, 0.5]})
