@@ -110,7 +110,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=(
             "Leave out the repeats of a test on the EPoll reactor and in the "
             "'followed' spider mode: every test still runs once, on the "
-            "asyncio reactor (what .ci/run does on the oldest Scrapy)."
+            "asyncio reactor."
+        ),
+    )
+    parser.addoption(
+        "--one-case-per-test",
+        action="store_true",
+        help=(
+            "Run each test function once, in its first parametrization "
+            "(after --skip-repeats: on the asyncio reactor): every test, so "
+            "every code path it covers, on the oldest Scrapy (.ci/run), "
+            "without the cases that only vary data or seeds."
         ),
     )
 
@@ -118,19 +128,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    if not config.getoption("--skip-repeats"):
+    skip_repeats = config.getoption("--skip-repeats")
+    one_case = config.getoption("--one-case-per-test")
+    if not (skip_repeats or one_case):
         return
     kept: list[pytest.Item] = []
-    repeats: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    seen: set[str] = set()
     for item in items:
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec is not None else {}
-        repeat = (
+        repeat = skip_repeats and (
             params.get("reactor") == "epoll"
             or params.get("spider_modes") == "followed"
             or "epoll" in item.name
         )
-        (repeats if repeat else kept).append(item)
-    if repeats:
-        config.hook.pytest_deselected(items=repeats)
+        function = item.nodeid.split("[", 1)[0]
+        if not repeat and one_case:
+            repeat = function in seen
+            seen.add(function)
+        (left_out if repeat else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
         items[:] = kept
