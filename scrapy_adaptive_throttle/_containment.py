@@ -61,6 +61,8 @@ class ScopeManagerError(Exception):
             f"scope manager {type(manager).__module__}.{type(manager).__qualname__}"
             f".{method}() of scope {scope_id!r}"
         )
+        #: The exception the scope manager raised.
+        self.error = error
         super().__init__(f"{self.component}: {type(error).__name__}: {error}")
 
 

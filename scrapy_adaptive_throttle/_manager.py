@@ -362,13 +362,10 @@ class ThrottlingManager:
                 if manager.refund_send(sent_at, now, amounts.get(scope_id)):
                     opened.append(scope_id)
             except Exception as exc:
-                error = ScopeManagerError(scope_id, manager, "refund_send", exc)
-                report(
+                self._report_scope_failure(
                     request,
-                    error.component,
-                    exc,
+                    ScopeManagerError(scope_id, manager, "refund_send", exc),
                     "its send still spaces the next one of that scope",
-                    self._stats,
                 )
         for listener in self._timer_listeners:
             for scope_id in opened:
@@ -631,16 +628,20 @@ class ThrottlingManager:
                 # The download itself succeeded or failed on its own: its
                 # outcome still reaches the spider, and the other scopes and
                 # the waiters are released.
-                error = ScopeManagerError(scope_id, manager, "record_done", exc)
-                report(
+                self._report_scope_failure(
                     request,
-                    error.component,
-                    exc,
+                    ScopeManagerError(scope_id, manager, "record_done", exc),
                     "its slot may stay counted by that scope manager",
-                    self._stats,
                 )
             for listener in listeners:
                 listener(scope_id)
+
+    def _report_scope_failure(
+        self, request: Request, error: ScopeManagerError, consequence: str
+    ) -> None:
+        """Report, once per component, a scope manager that raised for
+        *request*, and what that means for it."""
+        report(request, error.component, error.error, consequence, self._stats)
 
     def notify_slots_changed(self, scope_id: ScopeID) -> None:
         """Tell waiters that *scope_id* may have room (e.g. a raised limit)."""
