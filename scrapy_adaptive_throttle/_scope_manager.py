@@ -58,6 +58,9 @@ class ThrottlingScopeManager:
             else None
         )
         self._next_allowed = 0.0
+        #: The spacing of the next send, when drawn ahead of it for a shared
+        #: state (see next_spacing).
+        self._drawn_spacing: float | None = None
         # A robots.txt Crawl-delay: no jitter ever spaces two sends closer.
         self._delay_floor = 0.0
         self._debug = throttling.debug
@@ -88,6 +91,8 @@ class ThrottlingScopeManager:
         """
         if now is None:
             now = monotonic()
+        # Drawn for a send that did not happen: the state may change first.
+        self._drawn_spacing = None
         backoff = self._backoff
         if backoff.level:
             recovered = backoff.recover(now)
@@ -111,7 +116,12 @@ class ThrottlingScopeManager:
             now = monotonic()
         self._last_seen = now
         self.active += 1
-        self._next_allowed = now + self._spacing()
+        spacing = self._drawn_spacing
+        if spacing is None:
+            spacing = self._spacing()
+        else:
+            self._drawn_spacing = None
+        self._next_allowed = now + spacing
         learned = self._learned
         if learned is not None:
             # Paced on a schedule, so the crawler's lag does not add up.
@@ -121,6 +131,16 @@ class ThrottlingScopeManager:
             self._quota.consume(now, amount)
         if self._rampup is not None:
             self._rampup.observe_send(now, self.active)
+
+    def next_spacing(self) -> float:
+        """The seconds the next send will keep the scope closed, jitter
+        included, drawn now and used by the next :meth:`record_sent`, so
+        that a shared state (:setting:`THROTTLING_STATE_URL`) spaces every
+        process's sends by the same value this process does."""
+        spacing = self._drawn_spacing
+        if spacing is None:
+            spacing = self._drawn_spacing = self._spacing()
+        return spacing
 
     def _spacing(self) -> float:
         backoff = self._backoff
