@@ -274,3 +274,51 @@ def _peak(intervals: list[tuple[float, float]]) -> int:
         current += change
         peak = max(peak, current)
     return peak
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "independent"])
+def test_a_backoff_hold_holds_every_process(simhosts, redis_server, shared):
+    """A 429 with ``Retry-After: 1`` answered to one process holds the host
+    in both (without THROTTLING_STATE_URL, the control: the other process
+    keeps sending). The refused page is retried once (a request of the
+    retry middleware), and refused again."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    pages = 30
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    configs = [
+        process_config(
+            hosts,
+            index,
+            pages,
+            redis_url=redis_server.url if shared else None,
+            prefix=prefix,
+            RETRY_TIMES=1,
+            BACKOFF_JITTER=0,
+        )
+        for index in range(2)
+    ]
+    configs[0]["urls"][3] += "?status=429&header=Retry-After:1"
+    processes = [start_process(config) for config in configs]
+    outcomes = [finish(process) for process in processes]
+    for outcome in outcomes:
+        assert outcome["unanswered"] == []
+        assert len(outcome["responses"]) + len(outcome["failures"]) == pages
+    stats = hosts.stats("A")
+    intervals = service_intervals(stats)
+    refusals = [
+        end
+        for (_, end), record in zip(intervals, stats["arrivals"], strict=True)
+        if record[3] == 429
+    ]
+    assert len(refusals) == 2  # the page and its retry
+    # Arrivals from either process while a hold runs (after a margin for
+    # sends already decided when the 429 was answered).
+    during_holds = [
+        start
+        for start, _ in intervals
+        if any(end + 0.1 < start < end + 0.9 for end in refusals)
+    ]
+    if shared:
+        assert during_holds == []
+    else:
+        assert during_holds
