@@ -322,3 +322,49 @@ def test_a_backoff_hold_holds_every_process(simhosts, redis_server, shared):
         assert during_holds == []
     else:
         assert during_holds
+
+
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "THROTTLING_STATE_URL = 'redis://127.0.0.1:{port}/0'",
+            "THROTTLING_STATE_URL 'redis://127.0.0.1:{port}/0': cannot reach Redis "
+            "(ConnectionError: ",
+        ),
+        (
+            "THROTTLING_STATE_URL = 'localhost:6379'",
+            "Invalid THROTTLING_STATE_URL value 'localhost:6379': expected a "
+            "redis://, rediss:// or unix:// URL, or None",
+        ),
+    ],
+    ids=["unreachable", "invalid"],
+)
+def test_shared_state_start_up_errors(tmp_path, simhosts, reactor, setting, message):
+    """`scrapy crawl` as a user runs it: one ERROR line naming the setting
+    and the URL, exit status 1, no request sent."""
+    from tests.redis_server import free_port
+    from tests.test_startup_messages import (
+        EPOLL,
+        host,
+        new_project,
+        scrapy_crawl,
+        simhosts_requests,
+    )
+
+    port = free_port()
+    url = host(simhosts)
+    project = new_project(
+        tmp_path, f"ADDONS = {ADDON!r}\n{setting.format(port=port)}\n"
+    )
+    args = ["-s", f"TWISTED_REACTOR={EPOLL}"] if reactor == "epoll" else []
+    result = scrapy_crawl(project, url, *args)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert message.format(port=port) in errors[0]
+    assert simhosts_requests(url) == 0
+    assert "Task exception was never retrieved" not in result.stderr
+    if reactor == "asyncio":
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
