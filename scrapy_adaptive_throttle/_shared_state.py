@@ -65,6 +65,9 @@ RECONNECT_MAX_DELAY = 10.0
 #: Socket timeouts of the Redis client: calls are synchronous (the reactor
 #: waits for them), so an unresponsive server must fail fast.
 SOCKET_TIMEOUT = 1.0
+#: Longest a release waits to go out with the next check (the send that
+#: usually follows it at once) before it is sent on its own.
+RELEASE_BATCH_DELAY = 0.005
 _SCHEMES = ("redis", "rediss", "unix")
 
 # Times in the scripts are microseconds of the Redis server's clock (exact
@@ -74,38 +77,45 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 """
 
-#: KEYS: lease, next-send and hold key of each scope. ARGV: token, lease TTL,
-#: then the limit (-1: none) and the spacing of each scope. Returns
-#: ``{status, wait}``: status 1 = leased (every scope), 0 = not leased,
-#: -i = not leased and scope i is at its limit; wait = microseconds until
-#: every time gate opens.
+#: KEYS: the lease keys of R releases, then the lease, next-send and hold
+#: key of each scope. ARGV: token, lease TTL, R, the R released tokens, then
+#: the limit (-1: none) and the spacing of each scope. Returns ``{status,
+#: wait}``: status 1 = leased (every scope), 0 = not leased, -i = not leased
+#: and scope i is at its limit; wait = microseconds until every time gate
+#: opens. Releases go first, batched into the next check (see
+#: SharedState.release).
 _ACQUIRE = (
     _NOW
     + """
 local ttl = tonumber(ARGV[2])
+local released = tonumber(ARGV[3])
+for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[3 + i]) end
+local base = 3 + released
+local scopes = (#KEYS - released) / 3
 local blocked = 0
 local wait = 0
-for i = 1, #KEYS / 3 do
-  local lease = KEYS[3 * i - 2]
+for i = 1, scopes do
+  local k = released + 3 * (i - 1)
+  local lease = KEYS[k + 1]
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
-  local limit = tonumber(ARGV[1 + 2 * i])
+  local limit = tonumber(ARGV[base + 2 * i - 1])
   if blocked == 0 and limit >= 0 and redis.call('ZCARD', lease) >= limit then
     blocked = i
   end
-  local next_send = tonumber(redis.call('GET', KEYS[3 * i - 1]) or '0')
-  local hold = tonumber(redis.call('GET', KEYS[3 * i]) or '0')
+  local next_send = tonumber(redis.call('GET', KEYS[k + 2]) or '0')
+  local hold = tonumber(redis.call('GET', KEYS[k + 3]) or '0')
   local gate = math.max(next_send, hold) - now
   if gate > wait then wait = gate end
 end
 if blocked > 0 then return {-blocked, wait} end
 if wait > 0 then return {0, wait} end
-for i = 1, #KEYS / 3 do
-  local lease = KEYS[3 * i - 2]
-  redis.call('ZADD', lease, now + ttl, ARGV[1])
-  redis.call('PEXPIRE', lease, math.ceil(ttl / 1000))
-  local spacing = tonumber(ARGV[2 + 2 * i])
+for i = 1, scopes do
+  local k = released + 3 * (i - 1)
+  redis.call('ZADD', KEYS[k + 1], now + ttl, ARGV[1])
+  redis.call('PEXPIRE', KEYS[k + 1], math.ceil(ttl / 1000))
+  local spacing = tonumber(ARGV[base + 2 * i])
   if spacing > 0 then
-    redis.call('SET', KEYS[3 * i - 1], now + spacing, 'PX',
+    redis.call('SET', KEYS[k + 2], now + spacing, 'PX',
                math.ceil(spacing / 1000) + 1000)
   end
 end
@@ -127,9 +137,9 @@ return #KEYS
 """
 )
 
-#: KEYS: lease keys. ARGV: token.
+#: KEYS: lease keys. ARGV: the token to remove from each.
 _RELEASE = """
-for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
+for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i]) end
 return #KEYS
 """
 
@@ -240,12 +250,19 @@ class SharedState:
         client: Any = None,
         clock: Callable[[], float] = time.monotonic,
         stats: Any = None,
+        schedule: Callable[[float, Callable[[], None]], Any] | None = None,
     ) -> None:
         assert config.url is not None
         self.config = config
         self.url = redact_url(config.url)
         self._clock = clock
         self._stats = stats
+        #: ``schedule(delay, function)`` (Scrapy's ``call_later``) to batch
+        #: releases; ``None``: each release is sent at once.
+        self._schedule = schedule
+        self._flush_call: Any = None
+        #: Releases not sent yet: (lease key, token).
+        self._releases: list[tuple[str, str]] = []
         if client is None:
             client = _client(config.url)
         self._client = client
@@ -284,7 +301,9 @@ class SharedState:
         if config.url is None:
             return None
         try:
-            state = cls(config, stats=crawler.stats)
+            from scrapy.utils.asyncio import call_later
+
+            state = cls(config, stats=crawler.stats, schedule=call_later)
             state.ping()
         except SharedStateUnavailableError as exc:
             report_invalid_setting(exc)
@@ -332,8 +351,11 @@ class SharedState:
         self.drop_pending()
         if not self.sharing and not self._reconnect():
             return self._fallback_check(scopes)
-        keys: list[str] = []
-        args: list[Any] = [token := self._new_token(), self._ttl]
+        releases = self._releases
+        self._releases = []
+        keys = [key for key, _ in releases]
+        args: list[Any] = [token := self._new_token(), self._ttl, len(releases)]
+        args += (released for _, released in releases)
         for scope_id, limit, _, spacing in scopes:
             keys += (
                 self._key("lease", scope_id),
@@ -393,7 +415,12 @@ class SharedState:
         self._leases[request] = (token, scopes)
 
     def release(self, request: Request) -> None:
-        """Free the lease of *request* (idempotent)."""
+        """Free the lease of *request* (idempotent).
+
+        With a scheduler, the release goes out with the next check (a freed
+        slot is usually taken at once by the next request, in the same
+        round trip), or on its own after :data:`RELEASE_BATCH_DELAY`.
+        """
         entry = self._leases.pop(request, None)
         if entry is None:
             return
@@ -404,9 +431,27 @@ class SharedState:
     def _free(self, scopes: Sequence[ScopeID], token: str) -> None:
         if not self.sharing:
             return  # it expires with its TTL
-        keys = [self._key("lease", scope_id) for scope_id in scopes]
+        self._releases.extend(
+            (self._key("lease", scope_id), token) for scope_id in scopes
+        )
+        if self._schedule is None:
+            self.flush_releases()
+        elif self._flush_call is None:
+            self._flush_call = self._schedule(RELEASE_BATCH_DELAY, self._on_flush_timer)
+
+    def _on_flush_timer(self) -> None:
+        self._flush_call = None
+        self.flush_releases()
+
+    def flush_releases(self) -> None:
+        """Send the releases not sent yet."""
+        releases = self._releases
+        if not releases or not self.sharing:
+            return
+        self._releases = []
+        keys = [key for key, _ in releases]
         with suppress(_RedisFailure):
-            self._call(self._release, keys, [token])
+            self._call(self._release, keys, [token for _, token in releases])
 
     def drop_pending(self) -> None:
         """Free the lease of the last check if no request claimed it (e.g. a
@@ -432,6 +477,11 @@ class SharedState:
         self.drop_pending()
         for request in list(self._leases):
             self.release(request)
+        self.flush_releases()
+        if self._flush_call is not None:
+            with suppress(Exception):
+                self._flush_call.cancel()
+            self._flush_call = None
         with suppress(Exception):
             self._client.close()
 
@@ -450,6 +500,8 @@ class SharedState:
             raise _RedisFailure from exc
 
     def _lost(self, error: BaseException) -> None:
+        # Releases not sent: their leases expire with their TTL.
+        self._releases = []
         if self.sharing:
             self.sharing = False
             self._retry_delay = RECONNECT_MIN_DELAY

@@ -277,3 +277,30 @@ def test_unreachable_redis_at_start_is_one_clear_error():
     assert message.startswith(
         f"THROTTLING_STATE_URL 'redis://127.0.0.1:{port}/0': cannot reach Redis"
     )
+
+
+def test_a_release_goes_out_with_the_next_check(redis_server, prefix):
+    timers: list[Any] = []
+    config = SharedStateSettings(
+        url=redis_server.url, prefix=prefix, processes=1, lease_ttl=30.0
+    )
+    state = SharedState(
+        config, schedule=lambda delay, function: timers.append(function)
+    )
+    client = redis_server.client()
+    first = send(state, "host", 1)[2]
+    state.release(first)  # type: ignore[arg-type]
+    assert len(timers) == 1  # a flush is scheduled...
+    assert client.zcard(state.lease_key("host")) == 1  # ...not sent yet
+    commands = state.commands
+    # The next send frees the slot and takes it in one round trip.
+    assert send(state, "host", 1)[2] is not None
+    assert state.commands == commands + 1
+    assert client.zcard(state.lease_key("host")) == 1
+    timers.pop()()  # the timer finds nothing left to send
+    assert state.commands == commands + 1
+    # Without a send after it, the timer sends the release.
+    state.release(next(iter(state._leases)))
+    timers.pop()()
+    assert state.commands == commands + 2
+    assert client.zcard(state.lease_key("host")) == 0
