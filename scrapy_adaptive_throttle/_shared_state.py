@@ -526,6 +526,8 @@ class SharedState:
         if self._clock() < self._retry_at:
             return False
         self.commands += 1
+        if self._stats is not None:
+            self._stats.inc_value("throttling/shared_state/command_count")
         try:
             self._client.ping()
         except Exception as exc:
