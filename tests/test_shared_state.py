@@ -269,9 +269,8 @@ def test_unreachable_redis_at_start_is_one_clear_error():
     config = SharedStateSettings(
         url=f"redis://127.0.0.1:{port}/0", prefix="p", processes=1, lease_ttl=1.0
     )
-    state = SharedState(config)
     with pytest.raises(SharedStateUnavailableError) as info:
-        state.ping()
+        SharedState(config).ping()
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(
