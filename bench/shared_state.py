@@ -101,6 +101,9 @@ def overhead(redis: Redis, repeats: int, pages: dict[str, int]) -> list[dict[str
                     host: crawl["hosts"][host]["pages_per_second"] for host in pages
                 }
                 result["503"] = sum(crawl["hosts"][host]["count_503"] for host in pages)
+                fetched = sum(crawl["hosts"][host]["pages"] for host in pages)
+                cpu = crawl.get("crawl_cpu_seconds")
+                result["cpu_ms_per_page"] = 1000 * cpu / fetched if cpu else None
                 commands = crawl["stats"].get("throttling/shared_state/command_count")
                 result["commands_per_request"] = (
                     commands / requests if commands else None
@@ -218,16 +221,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"## overhead: one process, two hosts {pages}")
             print(
                 "| repeat | A in-process | A redis | ratio | B in-process | B redis | "
-                "ratio | 503s (in/redis) | Redis commands / request |"
+                "ratio | 503s (in/redis) | Redis commands / request | "
+                "crawl CPU ms/page (in/redis) |"
             )
-            print("|---|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for row in rows:
                 inp, red, ratio = row["in-process"], row["redis"], row["ratio"]
                 print(
                     f"| {row['repeat']} | {inp['A']:.0f} | {red['A']:.0f} | "
                     f"{ratio['A']:.3f} | {inp['B']:.1f} | {red['B']:.1f} | "
                     f"{ratio['B']:.3f} | {inp['503']}/{red['503']} | "
-                    f"{red['commands_per_request']:.2f} |"
+                    f"{red['commands_per_request']:.2f} | "
+                    f"{inp['cpu_ms_per_page']:.2f}/{red['cpu_ms_per_page']:.2f} |"
                 )
             for host in pages:
                 median = statistics.median(row["ratio"][host] for row in rows)
