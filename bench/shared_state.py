@@ -6,7 +6,8 @@ port (persistence off) and fresh simulated hosts per run:
 ``overhead``
     One process, the two-hosts scenario of :mod:`bench.run` (A = 8 workers x
     20 ms, B = 2 x 50 ms, queue 16, 2000 + 300 pages, add-on defaults with
-    ``CONCURRENT_REQUESTS_PER_DOMAIN = 32``), without and with
+    ``CONCURRENT_REQUESTS_PER_DOMAIN = 32``, or ``--fixed N``: the plain
+    scope manager with that limit), without and with
     :setting:`THROTTLING_STATE_URL`, alternating, ``--repeats`` times each:
     pages/s per host (the crawl's own figure, first send to last page), the
     ratio Redis / in-process of the same repeat, and Redis commands per
@@ -69,7 +70,9 @@ class Redis:
         self.server.cleanup()
 
 
-def overhead(redis: Redis, repeats: int, pages: dict[str, int]) -> list[dict[str, Any]]:
+def overhead(
+    redis: Redis, repeats: int, pages: dict[str, int], fixed: int | None = None
+) -> list[dict[str, Any]]:
     rows = []
     for repeat in range(repeats):
         row: dict[str, Any] = {"repeat": repeat}
@@ -81,9 +84,11 @@ def overhead(redis: Redis, repeats: int, pages: dict[str, int]) -> list[dict[str
             with SimHosts([HOST_A, HOST_B]) as hosts:
                 settings = {
                     "ADDONS": ADDON,
-                    "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+                    "CONCURRENT_REQUESTS_PER_DOMAIN": fixed or 32,
                     **extra,
                 }
+                if fixed:
+                    settings["THROTTLING_SCOPE_MANAGER"] = PLAIN_SCOPE_MANAGER
                 config = {
                     "hosts": [
                         {"name": h, "url": hosts.url(h, "").rstrip("/"), "pages": n}
@@ -212,13 +217,21 @@ def main(argv: list[str] | None = None) -> int:
         help="scope concurrencies of the processes part, comma-separated",
     )
     parser.add_argument("--quick", action="store_true", help="fewer pages")
+    parser.add_argument(
+        "--fixed",
+        type=int,
+        default=0,
+        help="overhead part: this fixed limit per host (plain scope manager) "
+        "instead of the add-on's adaptive one",
+    )
     args = parser.parse_args(argv)
     redis = Redis()
     try:
         if args.part in ("overhead", "all"):
             pages = {"A": 600, "B": 100} if args.quick else {"A": 2000, "B": 300}
-            rows = overhead(redis, args.repeats, pages)
-            print(f"## overhead: one process, two hosts {pages}")
+            rows = overhead(redis, args.repeats, pages, args.fixed or None)
+            limit = f"fixed limit {args.fixed}" if args.fixed else "adaptive limit"
+            print(f"## overhead: one process, two hosts {pages}, {limit}")
             print(
                 "| repeat | A in-process | A redis | ratio | B in-process | B redis | "
                 "ratio | 503s (in/redis) | Redis commands / request | "
