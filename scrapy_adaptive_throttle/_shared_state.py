@@ -280,6 +280,7 @@ class SharedState:
         self._leases: dict[Request, tuple[str | None, tuple[ScopeID, ...]]] = {}
         #: Whether Redis answers (else: in-process fallback limits).
         self.sharing = True
+        self._warned_at: float | None = None
         self._retry_at = 0.0
         self._retry_delay = RECONNECT_MIN_DELAY
         #: Round trips to Redis (also the ``throttling/shared_state/command_count``
@@ -504,7 +505,17 @@ class SharedState:
             self._retry_delay = RECONNECT_MIN_DELAY
             if self._stats is not None:
                 self._stats.inc_value("throttling/shared_state/fallback_count")
-            logger.warning(
+            # One warning per outage, but not a flood when a Redis that
+            # answers PING fails every script (e.g. a key of another type
+            # under the prefix): further losses within a minute are INFO.
+            now = self._clock()
+            level = logging.WARNING
+            if self._warned_at is not None and now - self._warned_at < 60.0:
+                level = logging.INFO
+            else:
+                self._warned_at = now
+            logger.log(
+                level,
                 "Lost the shared throttling state at %s (THROTTLING_STATE_URL): "
                 "%s: %s. Falling back to in-process limits (each scope's limit "
                 "divided by THROTTLING_STATE_PROCESSES = %d) until Redis answers "

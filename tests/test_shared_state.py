@@ -303,3 +303,65 @@ def test_a_release_goes_out_with_the_next_check(redis_server, prefix):
     timers.pop()()
     assert state.commands == commands + 2
     assert client.zcard(state.lease_key("host")) == 0
+
+
+def manager(redis_server: RedisServer | None, prefix: str, **settings: Any) -> Any:
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_adaptive_throttle import ThrottlingManager
+
+    if redis_server is not None:
+        settings["THROTTLING_STATE_URL"] = redis_server.url
+    crawler = get_crawler(
+        settings_dict={
+            "DOWNLOAD_DELAY_JITTER": 0,
+            "THROTTLING_STATE_PREFIX": prefix,
+            **settings,
+        }
+    )
+    return ThrottlingManager(crawler)
+
+
+def test_without_the_setting_there_is_no_shared_state(prefix):
+    assert manager(None, prefix).shared is None
+
+
+def test_two_managers_share_a_scope(redis_server, prefix):
+    """The manager's own path (check_scopes, reserve_scopes, release,
+    delay_scope) through the shared state, as two processes would use it."""
+    from scrapy import Request
+
+    first = manager(redis_server, prefix, CONCURRENT_REQUESTS_PER_DOMAIN=1)
+    second = manager(redis_server, prefix, CONCURRENT_REQUESTS_PER_DOMAIN=1)
+    values = [("example.com", None)]
+    request = Request("https://example.com/1")
+    assert first.check_scopes(values, first.clock()) == (0.0, None)
+    first.reserve_scopes(request, values, first.clock())
+    # The other process has nothing in flight: it is told to look again.
+    assert second.check_scopes(values, second.clock()) == (RECHECK_INTERVAL, None)
+    first.release(request)
+    first.shared.flush_releases()
+    assert second.check_scopes(values, second.clock()) == (0.0, None)
+    second.reserve_scopes(request, values, second.clock())
+    second.release(request)
+    # delay_scope in one process holds the scope in the other.
+    first.delay_scope("example.com", 0.5)
+    wait, blocked = second.check_scopes(values, second.clock())
+    assert blocked is None
+    assert 0.3 < wait <= 0.5
+
+
+def test_a_script_that_keeps_failing_warns_once_a_minute(redis_server, prefix, caplog):
+    """A Redis that answers PING but fails every script (here: a key of
+    another type under the prefix) falls back each time, without a warning
+    flood; the crawl goes on with the fallback limits."""
+    clock = FakeClock()
+    state = make_state(redis_server, prefix, clock=clock)
+    redis_server.client().set(state.lease_key("host"), "not a sorted set")
+    with caplog.at_level(logging.INFO, "scrapy_adaptive_throttle._shared_state"):
+        for _ in range(5):
+            assert state.check([("host", 2, 0, 0.0)]) == (0.0, None)  # fallback
+            clock.now += 10.0  # past the retry delay, within the minute
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "WRONGTYPE" in warnings[0].getMessage()
