@@ -875,8 +875,10 @@ class ThrottlingManager:
         """Hold *scope_id* in every process for as long as it waits here
         after a backoff trigger (the hold or the backed-off delay)."""
         assert self.shared is not None
+        # A custom scope manager without backoff_wait: its time gates.
+        read = getattr(manager, "backoff_wait", None) or manager.can_send
         try:
-            wait = float(manager.can_send(now))
+            wait = float(read(now))
         except Exception:  # reported when a request meets it
             return
         self.shared.hold(scope_id, wait)

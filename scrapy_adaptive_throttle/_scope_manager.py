@@ -191,6 +191,14 @@ class ThrottlingScopeManager:
         # that earned it, so the next request waits the whole backed-off delay.
         self._next_allowed = max(self._next_allowed, now + self._backoff.delay)
 
+    def backoff_wait(self, now: float) -> float:
+        """Seconds until the scope may send again after a backoff trigger
+        (its hold, or the backed-off spacing from now), read without the
+        side effects of :meth:`can_send` (recovery, rampup observations);
+        shared with other processes by :setting:`THROTTLING_STATE_URL`."""
+        wait = max(self._next_allowed, self._backoff.hold_until) - now
+        return wait if wait > 0 else 0.0
+
     def record_rate_limited(
         self, now: float | None = None, sent_at: float | None = None
     ) -> None:
