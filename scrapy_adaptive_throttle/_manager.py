@@ -38,6 +38,7 @@ from ._algorithms import (
 from ._containment import ScopeManagerError, report, validate_scopes
 from ._decisions import record_backoff_decision, responding
 from ._settings import ThrottlingSettings
+from ._shared_state import SharedState
 from ._types import (
     RESOLVED_SCOPES_META_KEY,
     BackoffData,
@@ -157,6 +158,11 @@ class ThrottlingManager:
             crawler.signals.connect(
                 self._warn_unmatched_scopes, signal=signals.spider_closed
             )
+        #: The state shared with other processes through Redis
+        #: (:setting:`THROTTLING_STATE_URL`), or ``None``.
+        self.shared: SharedState | None = SharedState.from_crawler(crawler)
+        if self.shared is not None:
+            crawler.signals.connect(self.shared.close, signal=signals.spider_closed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -393,7 +399,34 @@ class ThrottlingManager:
             except Exception as exc:
                 raise ScopeManagerError(scope_id, manager, "can_send", exc) from exc
             wait = max(wait, scope_wait)
+        if self.shared is not None and scope_values:
+            return self._check_shared(scope_values, wait, blocked)
         return wait, blocked
+
+    def _check_shared(
+        self, scope_values: ScopeValues, wait: float, blocked: ScopeID | None
+    ) -> tuple[float, ScopeID | None]:
+        """Ask the shared state about a request whose local checks passed
+        (and take its lease if it may go)."""
+        shared = self.shared
+        assert shared is not None
+        if wait > 0 or blocked is not None:
+            shared.drop_pending()
+            return wait, blocked
+        checks = []
+        for scope_id, _ in scope_values:
+            manager = self.get_scope_manager(scope_id)
+            next_spacing = getattr(manager, "next_spacing", None)
+            spacing = next_spacing() if next_spacing is not None else 0.0
+            checks.append(
+                (
+                    scope_id,
+                    getattr(manager, "concurrency", None),
+                    int(getattr(manager, "active", 0)),
+                    float(spacing),
+                )
+            )
+        return shared.check(checks)
 
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
@@ -419,6 +452,8 @@ class ThrottlingManager:
             reservation.append((scope_id, manager))
         self._reserved[request] = reservation
         self._reserved_at[request] = now
+        if self.shared is not None:
+            self.shared.claim(request, [scope_id for scope_id, _ in scope_values])
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
         """Whether *scope_id* has room for one more request now."""
@@ -617,6 +652,8 @@ class ThrottlingManager:
         """Free the slots reserved for *request*. Idempotent."""
         reservation = self._reserved.pop(request, None)
         self._reserved_at.pop(request, None)
+        if self.shared is not None:
+            self.shared.release(request)
         if not reservation:
             return
         now = self.clock()
@@ -872,6 +909,8 @@ class ThrottlingManager:
             if record_backoff is None:
                 continue  # a custom scope manager that never backs off
             record_backoff(delay=delay, now=now)
+            if self.shared is not None:
+                self._share_hold(scope_id, manager, now)
             self._count_trigger(cause, server_delay=delay is not None)
             record_backoff_decision(
                 self.crawler,
@@ -882,6 +921,18 @@ class ThrottlingManager:
                 now,
                 debug=self.config.debug,
             )
+
+    def _share_hold(self, scope_id: ScopeID, manager: Any, now: float) -> None:
+        """Hold *scope_id* in every process for as long as it waits here
+        after a backoff trigger (the hold or the backed-off delay)."""
+        assert self.shared is not None
+        # A custom scope manager without backoff_wait: its time gates.
+        read = getattr(manager, "backoff_wait", None) or manager.can_send
+        try:
+            wait = float(read(now))
+        except Exception:  # reported when a request meets it
+            return
+        self.shared.hold(scope_id, wait)
 
     def _count_trigger(self, cause: str, *, server_delay: bool) -> None:
         stats = self._stats
@@ -916,6 +967,8 @@ class ThrottlingManager:
             record_backoff(delay=seconds, now=now, cap=False)
         else:  # a custom scope manager that predates the cap argument
             record_backoff(delay=seconds, now=now)
+        if self.shared is not None:
+            self._share_hold(scope_id, manager, now)
         self._count_trigger("delay_scope", server_delay=False)
         record_backoff_decision(
             self.crawler,

@@ -63,6 +63,9 @@ class ThrottlingScopeManager:
         self._last_sent_at: float | None = None
         self._allowed_before_send = 0.0
         self._allowed_after_send = 0.0
+        #: The spacing of the next send, when drawn ahead of it for a shared
+        #: state (see next_spacing).
+        self._drawn_spacing: float | None = None
         # A robots.txt Crawl-delay: no jitter ever spaces two sends closer.
         self._delay_floor = 0.0
         self._debug = throttling.debug
@@ -93,6 +96,8 @@ class ThrottlingScopeManager:
         """
         if now is None:
             now = monotonic()
+        # Drawn for a send that did not happen: the state may change first.
+        self._drawn_spacing = None
         backoff = self._backoff
         if backoff.level:
             recovered = backoff.recover(now)
@@ -118,7 +123,12 @@ class ThrottlingScopeManager:
         self.active += 1
         self._last_sent_at = now
         self._allowed_before_send = self._next_allowed
-        self._next_allowed = now + self._spacing()
+        spacing = self._drawn_spacing
+        if spacing is None:
+            spacing = self._spacing()
+        else:
+            self._drawn_spacing = None
+        self._next_allowed = now + spacing
         learned = self._learned
         if learned is not None:
             # Paced on a schedule, so the crawler's lag does not add up.
@@ -159,6 +169,16 @@ class ThrottlingScopeManager:
             return False
         self._next_allowed = before
         return True
+
+    def next_spacing(self) -> float:
+        """The seconds the next send will keep the scope closed, jitter
+        included, drawn now and used by the next :meth:`record_sent`, so
+        that a shared state (:setting:`THROTTLING_STATE_URL`) spaces every
+        process's sends by the same value this process does."""
+        spacing = self._drawn_spacing
+        if spacing is None:
+            spacing = self._drawn_spacing = self._spacing()
+        return spacing
 
     def _spacing(self) -> float:
         backoff = self._backoff
@@ -208,6 +228,14 @@ class ThrottlingScopeManager:
         # The new spacing counts from now (the answer), not from the send
         # that earned it, so the next request waits the whole backed-off delay.
         self._next_allowed = max(self._next_allowed, now + self._backoff.delay)
+
+    def backoff_wait(self, now: float) -> float:
+        """Seconds until the scope may send again after a backoff trigger
+        (its hold, or the backed-off spacing from now), read without the
+        side effects of :meth:`can_send` (recovery, rampup observations);
+        shared with other processes by :setting:`THROTTLING_STATE_URL`."""
+        wait = max(self._next_allowed, self._backoff.hold_until) - now
+        return wait if wait > 0 else 0.0
 
     def record_rate_limited(
         self, now: float | None = None, sent_at: float | None = None

@@ -59,6 +59,10 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_WINDOW": 60.0,
     "RAMPUP_BACKOFF_TARGET": 1,
     "DELAYED_REQUESTS_WARN_THRESHOLD": 500,
+    # Shared state (see _shared_state.py): unset, every process on its own.
+    "THROTTLING_STATE_URL": None,
+    "THROTTLING_STATE_PREFIX": "throttling",
+    "THROTTLING_STATE_PROCESSES": 1,
 }
 
 #: Keys accepted in a :setting:`THROTTLING_SCOPES` entry.

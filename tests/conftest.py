@@ -47,6 +47,7 @@ from typing import Any
 import pytest
 
 from bench.simhosts import SimHosts
+from tests.redis_server import INSTALL_HINT, RedisServer, find_redis_server
 from tests.spiders import BASE_SETTINGS, PagesSpider, run_crawl
 
 __all__ = ["BASE_SETTINGS", "PagesSpider", "run_crawl"]
@@ -72,6 +73,30 @@ def simhosts() -> Iterator[SimHostsFactory]:
     yield start
     for hosts in started:
         hosts.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` for the whole session (see
+    :mod:`tests.redis_server`); tests using it are skipped, with how to
+    install it, when it is missing."""
+    executable = find_redis_server()
+    if executable is None:
+        pytest.skip(INSTALL_HINT)
+    server = RedisServer(executable).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def own_redis_server() -> Iterator[RedisServer]:
+    """A ``redis-server`` of this test alone, which it may stop and start."""
+    executable = find_redis_server()
+    if executable is None:
+        pytest.skip(INSTALL_HINT)
+    server = RedisServer(executable).start()
+    yield server
+    server.cleanup()
 
 
 @pytest.fixture(name="run_crawl")

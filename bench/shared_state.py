@@ -1,0 +1,289 @@
+"""Shared state through Redis (issue 13): ``python -m bench.shared_state``.
+
+Two measurements, each against a real ``redis-server`` started on a free
+port (persistence off) and fresh simulated hosts per run:
+
+``overhead``
+    One process, the two-hosts scenario of :mod:`bench.run` (A = 8 workers x
+    20 ms, B = 2 x 50 ms, queue 16, 2000 + 300 pages, add-on defaults with
+    ``CONCURRENT_REQUESTS_PER_DOMAIN = 32``, or ``--fixed N``: the plain
+    scope manager with that limit), without and with
+    :setting:`THROTTLING_STATE_URL`, alternating, ``--repeats`` times each:
+    pages/s per host (the crawl's own figure, first send to last page), the
+    ratio Redis / in-process of the same repeat, and Redis commands per
+    request (``throttling/shared_state/command_count`` over the requests the
+    host received).
+``processes``
+    Host A crawled by ``--processes`` processes at once (each its share of
+    ``--pages``), with a fixed scope concurrency, shared
+    through Redis vs independent (each process its own 8): the most requests
+    in service at the host (from the server's records), 503s, aggregate
+    pages/s at the server (200s over first arrival to last answer), over
+    A's capacity probed on this machine with exactly 8 in flight. ``--limits``
+    (default 8 and 16) gives the scope concurrencies to run: 8 is A's
+    workers, 16 leaves room for Scrapy's turnaround within A's queue.
+
+Ratios only mean something within one run (2 shared cores); note ``uptime``
+with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.crawl import run_in_subprocess
+from bench.probe import probe
+from bench.run import ADDON, HOST_A, HOST_B, PLAIN_SCOPE_MANAGER
+from bench.simhosts import SimHosts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Redis:
+    """A redis-server on a free loopback port, persistence off."""
+
+    def __init__(self) -> None:
+        sys.path.insert(0, str(ROOT))
+        from tests.redis_server import RedisServer
+
+        executable = shutil.which("redis-server")
+        if executable is None:
+            raise SystemExit(
+                "redis-server is not installed (apt-get install redis-server)"
+            )
+        self.server = RedisServer(executable).start()
+        self.url = self.server.url
+
+    def flush(self) -> None:
+        self.server.client().flushall()
+
+    def close(self) -> None:
+        self.server.cleanup()
+
+
+def overhead(
+    redis: Redis, repeats: int, pages: dict[str, int], fixed: int | None = None
+) -> list[dict[str, Any]]:
+    rows = []
+    for repeat in range(repeats):
+        row: dict[str, Any] = {"repeat": repeat}
+        for name, extra in (
+            ("in-process", {}),
+            ("redis", {"THROTTLING_STATE_URL": redis.url}),
+        ):
+            redis.flush()
+            with SimHosts([HOST_A, HOST_B]) as hosts:
+                settings = {
+                    "ADDONS": ADDON,
+                    "CONCURRENT_REQUESTS_PER_DOMAIN": fixed or 32,
+                    **extra,
+                }
+                if fixed:
+                    settings["THROTTLING_SCOPE_MANAGER"] = PLAIN_SCOPE_MANAGER
+                config = {
+                    "hosts": [
+                        {"name": h, "url": hosts.url(h, "").rstrip("/"), "pages": n}
+                        for h, n in pages.items()
+                    ],
+                    "settings": settings,
+                    "per_host_slots": False,
+                    "max_seconds": 120,
+                }
+                process, crawl = run_in_subprocess(config, timeout=240)
+                if crawl is None:
+                    raise SystemExit(process.stderr[-3000:])
+                requests = sum(len(hosts.stats(h)["arrivals"]) for h in pages)
+                result = {
+                    host: crawl["hosts"][host]["pages_per_second"] for host in pages
+                }
+                result["503"] = sum(crawl["hosts"][host]["count_503"] for host in pages)
+                fetched = sum(crawl["hosts"][host]["pages"] for host in pages)
+                cpu = crawl.get("crawl_cpu_seconds")
+                result["cpu_ms_per_page"] = 1000 * cpu / fetched if cpu else None
+                commands = crawl["stats"].get("throttling/shared_state/command_count")
+                result["commands_per_request"] = (
+                    commands / requests if commands else None
+                )
+                row[name] = result
+        row["ratio"] = {
+            host: row["redis"][host] / row["in-process"][host] for host in pages
+        }
+        print(json.dumps(row), file=sys.stderr)
+        rows.append(row)
+    return rows
+
+
+def crawl_processes(
+    redis_url: str | None, processes: int, pages: int, limit: int
+) -> dict[str, Any]:
+    with SimHosts([HOST_A]) as hosts:
+        base = hosts.url("A", "").rstrip("/")
+        settings: dict[str, Any] = {
+            "ADDONS": ADDON,
+            "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
+            "THROTTLING_SCOPES": {hosts.netloc("A"): {"concurrency": limit}},
+        }
+        if redis_url is not None:
+            settings["THROTTLING_STATE_URL"] = redis_url
+            settings["THROTTLING_STATE_PROCESSES"] = processes
+        running = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for index in range(processes):
+                output = Path(tmp) / f"{index}.json"
+                config = {
+                    "hosts": [
+                        {
+                            "name": "A",
+                            "url": f"{base}/p{index}",
+                            "pages": pages // processes,
+                        }
+                    ],
+                    "settings": settings,
+                    "per_host_slots": False,
+                    "max_seconds": 120,
+                }
+                running.append(
+                    (
+                        subprocess.Popen(
+                            [
+                                *(sys.executable, "-m", "bench.crawl"),
+                                *("--config", "-", "--output", str(output)),
+                            ],
+                            stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE,
+                            text=True,
+                            cwd=ROOT,
+                        ),
+                        config,
+                        output,
+                    )
+                )
+            for process, config, _ in running:
+                assert process.stdin is not None
+                process.stdin.write(json.dumps(config))
+                process.stdin.close()
+            results = []
+            for process, _, output in running:
+                assert process.stderr is not None
+                stderr = process.stderr.read()
+                process.wait(240)
+                if process.returncode != 0 or not output.exists():
+                    raise SystemExit(stderr[-3000:])
+                results.append(json.loads(output.read_text()))
+        stats = hosts.stats("A")
+    sys.path.insert(0, str(ROOT))
+    from tests.server_checks import max_in_service, service_intervals
+
+    intervals = service_intervals(stats)
+    ok = [
+        (start, end)
+        for (start, end), record in zip(intervals, stats["arrivals"], strict=True)
+        if record[3] == 200
+    ]
+    span = max(end for _, end in ok) - min(start for start, _ in intervals)
+    commands = sum(
+        r["stats"].get("throttling/shared_state/command_count", 0) for r in results
+    )
+    return {
+        "pages": len(ok),
+        "pages_per_second": len(ok) / span,
+        "max_in_service": max_in_service([stats]),
+        "503": sum(1 for record in stats["arrivals"] if record[3] == 503),
+        "commands_per_request": commands / len(stats["arrivals"]) if commands else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--part", choices=["overhead", "processes", "all"], default="all"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--pages", type=int, default=2400)
+    parser.add_argument(
+        "--limits",
+        default="8,16",
+        help="scope concurrencies of the processes part, comma-separated",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer pages")
+    parser.add_argument(
+        "--fixed",
+        type=int,
+        default=0,
+        help="overhead part: this fixed limit per host (plain scope manager) "
+        "instead of the add-on's adaptive one",
+    )
+    args = parser.parse_args(argv)
+    redis = Redis()
+    try:
+        if args.part in ("overhead", "all"):
+            pages = {"A": 600, "B": 100} if args.quick else {"A": 2000, "B": 300}
+            rows = overhead(redis, args.repeats, pages, args.fixed or None)
+            limit = f"fixed limit {args.fixed}" if args.fixed else "adaptive limit"
+            print(f"## overhead: one process, two hosts {pages}, {limit}")
+            print(
+                "| repeat | A in-process | A redis | ratio | B in-process | B redis | "
+                "ratio | 503s (in/redis) | Redis commands / request | "
+                "crawl CPU ms/page (in/redis) |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|---|")
+            for row in rows:
+                inp, red, ratio = row["in-process"], row["redis"], row["ratio"]
+                print(
+                    f"| {row['repeat']} | {inp['A']:.0f} | {red['A']:.0f} | "
+                    f"{ratio['A']:.3f} | {inp['B']:.1f} | {red['B']:.1f} | "
+                    f"{ratio['B']:.3f} | {inp['503']}/{red['503']} | "
+                    f"{red['commands_per_request']:.2f} | "
+                    f"{inp['cpu_ms_per_page']:.2f}/{red['cpu_ms_per_page']:.2f} |"
+                )
+            for host in pages:
+                median = statistics.median(row["ratio"][host] for row in rows)
+                print(f"median ratio redis / in-process, host {host}: {median:.3f}")
+        if args.part in ("processes", "all"):
+            with SimHosts([HOST_A]) as hosts:
+                capacity = probe(hosts.url("A", "").rstrip("/"), 8, 2000)
+            ceiling = capacity["pages_per_second"]
+            print(
+                f"\n## {args.processes} processes, host A (8 workers x 20 ms, "
+                f"queue 16); probed capacity (8 in flight): {ceiling:.0f} pages/s"
+            )
+            print(
+                "| configuration | pages | pages/s | / capacity | max in service "
+                "| 503s | Redis commands / request |"
+            )
+            print("|---|---|---|---|---|---|---|")
+            runs = [
+                (f"{name}, concurrency {limit}", url, int(limit))
+                for limit in args.limits.split(",")
+                for name, url in (("shared (Redis)", redis.url), ("independent", None))
+            ]
+            for name, url, limit in runs:
+                redis.flush()
+                time.sleep(0.5)
+                result = crawl_processes(url, args.processes, args.pages, limit)
+                commands = result["commands_per_request"]
+                speed = result["pages_per_second"]
+                print(
+                    f"| {name} | {result['pages']} | {speed:.0f} | "
+                    f"{speed / ceiling:.2f} | "
+                    f"{result['max_in_service']} | {result['503']} | "
+                    f"{'-' if commands is None else f'{commands:.2f}'} |"
+                )
+    finally:
+        redis.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

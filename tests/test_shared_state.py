@@ -1,0 +1,367 @@
+"""The Redis backend of THROTTLING_STATE_URL, against a real redis-server.
+
+Two :class:`SharedState` objects on one server stand for two crawler
+processes; requests are plain objects (the backend only keys on them).
+Times that matter (lease expiry, spacing, holds) are the Redis server's, so
+these tests sleep briefly where a real crawl would wait; the reconnection
+backoff runs on an injected fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+
+from scrapy_adaptive_throttle._shared_state import (
+    RECHECK_INTERVAL,
+    RECONNECT_MIN_DELAY,
+    SharedState,
+    SharedStateSettings,
+    SharedStateUnavailableError,
+    redact_url,
+)
+from tests.redis_server import RedisServer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_state(
+    server: RedisServer,
+    prefix: str,
+    *,
+    lease_ttl: float = 30.0,
+    processes: int = 1,
+    clock: Any = time.monotonic,
+) -> SharedState:
+    config = SharedStateSettings(
+        url=server.url, prefix=prefix, processes=processes, lease_ttl=lease_ttl
+    )
+    return SharedState(config, clock=clock)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+def send(state: SharedState, scope: str, limit: int | None, spacing: float = 0.0):
+    """Check a one-scope send; reserve it (claim) if allowed. Returns
+    ``(wait, blocked, request)`` (request None when not sent)."""
+    wait, blocked = state.check([(scope, limit, 0, spacing)])
+    if wait > 0 or blocked is not None:
+        return wait, blocked, None
+    request = object()
+    state.claim(request, [scope])  # type: ignore[arg-type]
+    return wait, blocked, request
+
+
+def test_leases_are_counted_across_processes(redis_server, prefix):
+    first = make_state(redis_server, prefix)
+    second = make_state(redis_server, prefix)
+    sent = [send(first, "host", 3)[2], send(second, "host", 3)[2]]
+    sent.append(send(first, "host", 3)[2])
+    assert all(request is not None for request in sent)
+    # The limit is reached across both: neither may send now.
+    assert send(second, "host", 3)[:2] == (RECHECK_INTERVAL, None)
+    assert send(first, "host", 3)[:2] == (RECHECK_INTERVAL, None)
+    # With a request of its own in flight, a process is told which scope
+    # blocks it (its own release wakes it).
+    assert second.check([("host", 3, 1, 0.0)]) == (0.0, "host")
+    second.release(sent[1])  # type: ignore[arg-type]
+    assert send(first, "host", 3)[2] is not None
+    assert redis_server.client().zcard(first.lease_key("host")) == 3
+
+
+def test_other_scopes_are_independent(redis_server, prefix):
+    state = make_state(redis_server, prefix)
+    assert send(state, "a", 1)[2] is not None
+    assert send(state, "a", 1)[2] is None
+    assert send(state, "b", 1)[2] is not None
+    assert send(state, "c", None)[2] is not None  # no limit
+
+
+def test_a_request_of_several_scopes_takes_all_or_nothing(redis_server, prefix):
+    state = make_state(redis_server, prefix)
+    assert send(state, "b", 1)[2] is not None
+    wait, blocked = state.check([("a", 1, 0, 0.0), ("b", 1, 1, 0.0)])
+    assert (wait, blocked) == (0.0, "b")
+    # Nothing was leased on "a" by the refused send.
+    assert redis_server.client().zcard(state.lease_key("a")) == 0
+
+
+def test_the_leases_of_a_killed_process_expire(redis_server, prefix):
+    killed = make_state(redis_server, prefix, lease_ttl=0.3)
+    survivor = make_state(redis_server, prefix, lease_ttl=0.3)
+    assert send(killed, "host", 2)[2] is not None
+    assert send(killed, "host", 2)[2] is not None
+    assert send(survivor, "host", 2)[2] is None
+    time.sleep(0.4)  # the killed process never releases
+    assert send(survivor, "host", 2)[2] is not None
+    assert send(survivor, "host", 2)[2] is not None
+
+
+def test_spacing_is_a_shared_next_send_time(redis_server, prefix):
+    first = make_state(redis_server, prefix)
+    second = make_state(redis_server, prefix)
+    assert send(first, "host", None, spacing=0.3)[2] is not None
+    wait, blocked, request = send(second, "host", None)
+    assert request is None
+    assert blocked is None
+    assert 0.2 < wait <= 0.3
+    time.sleep(wait + 0.01)
+    assert send(second, "host", None)[2] is not None
+
+
+def test_a_hold_in_one_process_holds_every_process(redis_server, prefix):
+    first = make_state(redis_server, prefix)
+    second = make_state(redis_server, prefix)
+    first.hold("host", 0.5)
+    wait, _, request = send(second, "host", 4)
+    assert request is None
+    assert 0.4 < wait <= 0.5
+    # A shorter hold does not shorten it.
+    second.hold("host", 0.1)
+    assert send(first, "host", 4)[0] > 0.3
+
+
+def test_unclaimed_lease_is_freed_by_the_next_check(redis_server, prefix):
+    state = make_state(redis_server, prefix)
+    assert state.check([("host", 1, 0, 0.0)]) == (0.0, None)  # leased, unclaimed
+    # The next check (e.g. of another request) frees it first.
+    assert state.check([("host", 1, 0, 0.0)]) == (0.0, None)
+    state.drop_pending()
+    assert redis_server.client().zcard(state.lease_key("host")) == 0
+
+
+def test_every_key_expires(redis_server, prefix):
+    state = make_state(redis_server, prefix, lease_ttl=20.0)
+    send(state, "host", 2, spacing=1.0)
+    state.hold("host", 2.0)
+    client = redis_server.client()
+    keys = sorted(key.decode() for key in client.keys(f"{prefix}:*"))
+    assert keys == [f"{prefix}:{kind}:host" for kind in ("hold", "lease", "next")]
+    ttls = {key: client.pttl(key) for key in keys}
+    assert 0 < ttls[f"{prefix}:lease:host"] <= 20_000
+    assert 0 < ttls[f"{prefix}:next:host"] <= 2_000
+    assert 0 < ttls[f"{prefix}:hold:host"] <= 3_000
+
+
+def test_fallback_when_redis_is_lost_and_recovery(own_redis_server, prefix, caplog):
+    clock = FakeClock()
+    state = make_state(own_redis_server, prefix, processes=2, clock=clock)
+    first = send(state, "host", 4)[2]
+    assert first is not None
+    own_redis_server.stop()
+    with caplog.at_level(logging.INFO, "scrapy_adaptive_throttle._shared_state"):
+        # Fallback: limit 4 / 2 processes = 2 in flight in this process.
+        assert state.check([("host", 4, 1, 0.0)]) == (0.0, None)
+        fallback_sent = object()
+        state.claim(fallback_sent, ["host"])  # type: ignore[arg-type]
+        assert state.check([("host", 4, 2, 0.0)]) == (0.0, "host")
+        assert not state.sharing
+        state.release(first)  # type: ignore[arg-type]  # no error, no wait
+        own_redis_server.start()  # restarted empty
+        # Not retried before the backoff delay...
+        assert state.check([("host", 4, 1, 0.0)]) == (0.0, None)
+        assert not state.sharing
+        clock.now += RECONNECT_MIN_DELAY
+        # ...then shared again, with the request sent meanwhile leased again.
+        assert state.check([("host", 4, 1, 0.0)]) == (0.0, None)
+    assert state.sharing
+    state.drop_pending()
+    assert own_redis_server.client().zcard(state.lease_key("host")) == 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "THROTTLING_STATE_URL" in warnings[0].getMessage()
+    assert "divided by THROTTLING_STATE_PROCESSES = 2" in warnings[0].getMessage()
+    assert any("Reconnected" in r.getMessage() for r in caplog.records)
+
+
+def test_reconnection_backs_off(own_redis_server, prefix):
+    clock = FakeClock()
+    state = make_state(own_redis_server, prefix, clock=clock)
+    own_redis_server.stop()
+    state.hold("host", 1.0)  # lost here
+    assert not state.sharing
+    commands = state.commands
+    state.check([("host", 1, 0, 0.0)])
+    assert state.commands == commands  # too early to retry
+    delays = []
+    for _ in range(5):
+        before = clock.now
+        while state.commands == commands:
+            clock.now += 0.05
+            state.check([("host", 1, 0, 0.0)])
+        commands = state.commands
+        delays.append(round(clock.now - before, 2))
+    # Each failed retry doubles the wait before the next one.
+    assert delays == sorted(delays)
+    assert delays[-1] >= 4 * delays[0]
+
+
+def settings(**values: Any) -> Settings:
+    return Settings(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"THROTTLING_STATE_URL": "http://localhost:6379"},
+            "Invalid THROTTLING_STATE_URL value 'http://localhost:6379'",
+        ),
+        ({"THROTTLING_STATE_URL": 6379}, "Invalid THROTTLING_STATE_URL value 6379"),
+        (
+            {"THROTTLING_STATE_URL": "redis://:secret@localhost/0x"},
+            None,
+        ),
+        ({"THROTTLING_STATE_PREFIX": ""}, "Invalid THROTTLING_STATE_PREFIX value ''"),
+        (
+            {"THROTTLING_STATE_PROCESSES": 0},
+            "Invalid THROTTLING_STATE_PROCESSES value 0",
+        ),
+        (
+            {"THROTTLING_STATE_PROCESSES": "two"},
+            "Invalid THROTTLING_STATE_PROCESSES value 'two'",
+        ),
+    ],
+)
+def test_invalid_settings(values, message):
+    if message is None:
+        SharedStateSettings.from_settings(settings(**values))
+        return
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(")):
+        SharedStateSettings.from_settings(settings(**values))
+
+
+def test_defaults_and_lease_ttl():
+    config = SharedStateSettings.from_settings(settings(DOWNLOAD_TIMEOUT=30))
+    assert config.url is None
+    assert config.prefix == "throttling"
+    assert config.processes == 1
+    assert config.lease_ttl == 35.0
+
+
+def test_password_is_not_shown():
+    assert (
+        redact_url("redis://user:secret@host:6380/1") == "redis://user:***@host:6380/1"
+    )
+    with pytest.raises(ValueError, match="THROTTLING_STATE_URL") as info:
+        SharedStateSettings.from_settings(
+            settings(THROTTLING_STATE_URL="http://user:secret@host")
+        )
+    assert "secret" not in str(info.value)
+
+
+def test_unreachable_redis_at_start_is_one_clear_error():
+    port = __import__("tests.redis_server", fromlist=["free_port"]).free_port()
+    config = SharedStateSettings(
+        url=f"redis://127.0.0.1:{port}/0", prefix="p", processes=1, lease_ttl=1.0
+    )
+    with pytest.raises(SharedStateUnavailableError) as info:
+        SharedState(config).ping()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"THROTTLING_STATE_URL 'redis://127.0.0.1:{port}/0': cannot reach Redis"
+    )
+
+
+def test_a_release_goes_out_with_the_next_check(redis_server, prefix):
+    timers: list[Any] = []
+    config = SharedStateSettings(
+        url=redis_server.url, prefix=prefix, processes=1, lease_ttl=30.0
+    )
+    state = SharedState(
+        config, schedule=lambda delay, function: timers.append(function)
+    )
+    client = redis_server.client()
+    first = send(state, "host", 1)[2]
+    state.release(first)  # type: ignore[arg-type]
+    assert len(timers) == 1  # a flush is scheduled...
+    assert client.zcard(state.lease_key("host")) == 1  # ...not sent yet
+    commands = state.commands
+    # The next send frees the slot and takes it in one round trip.
+    assert send(state, "host", 1)[2] is not None
+    assert state.commands == commands + 1
+    assert client.zcard(state.lease_key("host")) == 1
+    timers.pop()()  # the timer finds nothing left to send
+    assert state.commands == commands + 1
+    # Without a send after it, the timer sends the release.
+    state.release(next(iter(state._leases)))
+    timers.pop()()
+    assert state.commands == commands + 2
+    assert client.zcard(state.lease_key("host")) == 0
+
+
+def manager(redis_server: RedisServer | None, prefix: str, **settings: Any) -> Any:
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_adaptive_throttle import ThrottlingManager
+
+    if redis_server is not None:
+        settings["THROTTLING_STATE_URL"] = redis_server.url
+    crawler = get_crawler(
+        settings_dict={
+            "DOWNLOAD_DELAY_JITTER": 0,
+            "THROTTLING_STATE_PREFIX": prefix,
+            **settings,
+        }
+    )
+    return ThrottlingManager(crawler)
+
+
+def test_without_the_setting_there_is_no_shared_state(prefix):
+    assert manager(None, prefix).shared is None
+
+
+def test_two_managers_share_a_scope(redis_server, prefix):
+    """The manager's own path (check_scopes, reserve_scopes, release,
+    delay_scope) through the shared state, as two processes would use it."""
+    from scrapy import Request
+
+    first = manager(redis_server, prefix, CONCURRENT_REQUESTS_PER_DOMAIN=1)
+    second = manager(redis_server, prefix, CONCURRENT_REQUESTS_PER_DOMAIN=1)
+    values = [("example.com", None)]
+    request = Request("https://example.com/1")
+    assert first.check_scopes(values, first.clock()) == (0.0, None)
+    first.reserve_scopes(request, values, first.clock())
+    # The other process has nothing in flight: it is told to look again.
+    assert second.check_scopes(values, second.clock()) == (RECHECK_INTERVAL, None)
+    first.release(request)
+    first.shared.flush_releases()
+    assert second.check_scopes(values, second.clock()) == (0.0, None)
+    second.reserve_scopes(request, values, second.clock())
+    second.release(request)
+    # delay_scope in one process holds the scope in the other.
+    first.delay_scope("example.com", 0.5)
+    wait, blocked = second.check_scopes(values, second.clock())
+    assert blocked is None
+    assert 0.3 < wait <= 0.5
+
+
+def test_a_script_that_keeps_failing_warns_once_a_minute(redis_server, prefix, caplog):
+    """A Redis that answers PING but fails every script (here: a key of
+    another type under the prefix) falls back each time, without a warning
+    flood; the crawl goes on with the fallback limits."""
+    clock = FakeClock()
+    state = make_state(redis_server, prefix, clock=clock)
+    redis_server.client().set(state.lease_key("host"), "not a sorted set")
+    with caplog.at_level(logging.INFO, "scrapy_adaptive_throttle._shared_state"):
+        for _ in range(5):
+            assert state.check([("host", 2, 0, 0.0)]) == (0.0, None)  # fallback
+            clock.now += 10.0  # past the retry delay, within the minute
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "WRONGTYPE" in warnings[0].getMessage()

@@ -1,0 +1,370 @@
+"""Several real Scrapy processes sharing one host's limits through Redis.
+
+Each test starts 2-3 crawler processes (``python -m tests.crawl_process``,
+as subprocesses, on the asyncio or the EPoll reactor) against one simulated
+host and a real ``redis-server``, and checks at the server (requests in
+service, every page's arrivals) what the processes did together:
+
+* with :setting:`THROTTLING_STATE_URL`, a scope concurrency of 4 holds
+  across all processes, and without it each process has its own 4 (the
+  control run, which proves the check can fail);
+* a process killed with SIGKILL mid-crawl: the others finish, and once its
+  leases expire (``DOWNLOAD_TIMEOUT`` + 5 s) they use the whole limit again;
+* Redis stopped and restarted mid-crawl: every page is fetched once, each
+  process logs the loss once (a warning) and the recovery.
+
+Pages are yielded from the callback of an index page (``PagesSpider``'s
+``follow`` mode) and a few of them redirect, so the requests come from
+callbacks and from the redirect middleware, not only from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from tests.engine_crawls import ADDON, ROOT
+from tests.server_checks import max_in_service, service_intervals
+
+LIMIT = 4
+_EPOLL = "twisted.internet.epollreactor.EPollReactor"
+
+
+def process_config(
+    hosts: Any,
+    process: int,
+    pages: int,
+    *,
+    redis_url: str | None,
+    prefix: str,
+    reactor: str = "asyncio",
+    **settings: Any,
+) -> dict[str, Any]:
+    """The crawl of one process: *pages* pages of its own on host A, every
+    tenth of them reached through a redirect."""
+    urls = []
+    for index in range(pages):
+        url = hosts.url("A", f"/p{process}/page/{index}")
+        if index % 10 == 5:
+            url = hosts.url("A", f"/p{process}/moved/{index}?redirect={quote(url)}")
+        urls.append(url)
+    crawl_settings: dict[str, Any] = {
+        "ADDONS": ADDON,
+        "CONCURRENT_REQUESTS": 16,
+        "THROTTLING_SCOPES": {hosts.netloc("A"): {"concurrency": LIMIT}},
+        "THROTTLING_STATE_PREFIX": prefix,
+        "DOWNLOAD_TIMEOUT": 5,
+        "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+        **settings,
+    }
+    if redis_url is not None:
+        crawl_settings["THROTTLING_STATE_URL"] = redis_url
+    if reactor == "epoll":
+        crawl_settings["TWISTED_REACTOR"] = _EPOLL
+    return {"settings": crawl_settings, "urls": urls, "follow": True}
+
+
+def start_process(config: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.crawl_process", json.dumps(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
+    stdout, stderr = process.communicate(timeout=timeout)
+    assert process.returncode == 0, stderr[-3000:]
+    outcome: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    outcome["log"] = stderr
+    return outcome
+
+
+def wait_for_arrivals(hosts: Any, count: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while len(hosts.stats("A")["arrivals"]) < count:
+        assert time.monotonic() < deadline, "the crawl did not start"
+        time.sleep(0.05)
+
+
+def page_arrivals(stats: dict[str, Any]) -> Counter[str]:
+    """How many times each page (not counting redirecting URLs) arrived."""
+    return Counter(
+        record[1]
+        for record in stats["arrivals"]
+        if "/page/" in record[1].partition("?")[0]
+    )
+
+
+def assert_complete(outcome: dict[str, Any], pages: int) -> None:
+    assert outcome["unanswered"] == []
+    assert outcome["failures"] == []
+    assert len(outcome["responses"]) == pages
+    assert outcome["finish_reason"] == "finished"
+
+
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
+def test_limit_holds_across_processes(simhosts, redis_server, reactor):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    pages = 40
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    processes = [
+        start_process(
+            process_config(
+                hosts,
+                index,
+                pages,
+                redis_url=redis_server.url,
+                prefix=prefix,
+                reactor=reactor,
+            )
+        )
+        for index in range(3)
+    ]
+    outcomes = [finish(process) for process in processes]
+    for outcome in outcomes:
+        assert_complete(outcome, pages)
+        assert outcome["stats"]["throttling/shared_state/command_count"] > 0
+        assert outcome["reactor"].endswith(
+            "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
+        )
+    stats = hosts.stats("A")
+    assert set(page_arrivals(stats).values()) == {1}
+    assert len(page_arrivals(stats)) == 3 * pages
+    peak = max_in_service([stats])
+    # At most the shared limit, and the limit is used (not 1 per process).
+    assert LIMIT - 1 <= peak <= LIMIT
+    # Every lease was released: nothing holds the host after the crawl.
+    client = redis_server.client()
+    assert client.zcard(f"{prefix}:lease:{hosts.netloc('A')}") == 0
+
+
+def test_without_shared_state_each_process_has_its_own_limit(simhosts):
+    """The control: the same crawl without THROTTLING_STATE_URL exceeds the
+    limit at the server, so the check above can fail."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    pages = 40
+    processes = [
+        start_process(
+            process_config(hosts, index, pages, redis_url=None, prefix="unused")
+        )
+        for index in range(3)
+    ]
+    for process in processes:
+        assert_complete(finish(process), pages)
+    assert max_in_service([hosts.stats("A")]) > LIMIT
+
+
+def test_sigkilled_process_does_not_hold_the_host(simhosts, redis_server):
+    """A process holding every lease of the host is killed: the others wait
+    for its leases to expire (they still count: the host may still be
+    serving them), then crawl with the whole limit."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    pages = 40
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    # Its pages take 1.5 s: it holds the host's 4 leases when killed. Its
+    # leases live its DOWNLOAD_TIMEOUT + 5 s.
+    timeout = 2.0
+    slow = process_config(
+        hosts,
+        0,
+        pages,
+        redis_url=redis_server.url,
+        prefix=prefix,
+        DOWNLOAD_TIMEOUT=timeout,
+    )
+    slow["urls"] = [
+        f"{url}{'&' if '?' in url else '?'}delay=1.5" for url in slow["urls"]
+    ]
+    killed = start_process(slow)
+    wait_for_arrivals(hosts, LIMIT)
+    leased_at = time.time()
+    survivors = [
+        start_process(
+            process_config(
+                hosts, index, pages, redis_url=redis_server.url, prefix=prefix
+            )
+        )
+        for index in (1, 2)
+    ]
+    time.sleep(0.3)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=10)  # closes its pipes
+    outcomes = [finish(process) for process in survivors]
+    for outcome in outcomes:
+        assert_complete(outcome, pages)
+    stats = hosts.stats("A")
+    arrivals = page_arrivals(stats)
+    for index in (1, 2):
+        assert all(arrivals[f"/p{index}/page/{page}"] == 1 for page in range(pages))
+    assert max_in_service([stats]) <= LIMIT
+    survivor_intervals = [
+        interval
+        for interval, record in zip(
+            service_intervals(stats), stats["arrivals"], strict=True
+        )
+        if not record[1].startswith("/p0/")
+    ]
+    expiry = leased_at + timeout + 5.0
+    first = min(start for start, _ in survivor_intervals)
+    # Nothing was sent while the killed process's leases lived...
+    assert first > expiry - 0.5
+    # ...and they did not hold the host for longer: the others started at
+    # once and used the whole limit.
+    assert first < expiry + 2.0
+    assert _peak(survivor_intervals) == LIMIT
+
+
+def test_redis_lost_and_restarted_mid_crawl(simhosts, own_redis_server):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    pages = 80
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    processes = [
+        start_process(
+            process_config(
+                hosts,
+                index,
+                pages,
+                redis_url=own_redis_server.url,
+                prefix=prefix,
+                THROTTLING_STATE_PROCESSES=2,
+                LOG_LEVEL="INFO",
+            )
+        )
+        for index in range(2)
+    ]
+    wait_for_arrivals(hosts, 20)
+    own_redis_server.stop()
+    time.sleep(1.0)
+    own_redis_server.start()  # empty: persistence is off
+    outcomes = [finish(process) for process in processes]
+    for outcome in outcomes:
+        assert_complete(outcome, pages)
+        log = outcome["log"]
+        assert log.count("Lost the shared throttling state") == 1, log[-3000:]
+        assert "Reconnected to the shared throttling state" in log
+        assert outcome["stats"]["throttling/shared_state/fallback_count"] == 1
+    arrivals = page_arrivals(hosts.stats("A"))
+    assert len(arrivals) == 2 * pages
+    assert set(arrivals.values()) == {1}
+    # During the fallback each process allows 4 / 2; only the moment of the
+    # loss, when one process may still have more in flight than its half,
+    # can go one or two above the limit.
+    assert max_in_service([hosts.stats("A")]) <= LIMIT + LIMIT // 2
+
+
+def _peak(intervals: list[tuple[float, float]]) -> int:
+    events = sorted(
+        [(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+        key=lambda event: (event[0], event[1]),
+    )
+    current = peak = 0
+    for _, change in events:
+        current += change
+        peak = max(peak, current)
+    return peak
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "independent"])
+def test_a_backoff_hold_holds_every_process(simhosts, redis_server, shared):
+    """A 429 with ``Retry-After: 1`` answered to one process holds the host
+    in both (without THROTTLING_STATE_URL, the control: the other process
+    keeps sending). The refused page is retried once (a request of the
+    retry middleware), and refused again."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    pages = 30
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    configs = [
+        process_config(
+            hosts,
+            index,
+            pages,
+            redis_url=redis_server.url if shared else None,
+            prefix=prefix,
+            RETRY_TIMES=1,
+            BACKOFF_JITTER=0,
+        )
+        for index in range(2)
+    ]
+    configs[0]["urls"][3] += "?status=429&header=Retry-After:1"
+    processes = [start_process(config) for config in configs]
+    outcomes = [finish(process) for process in processes]
+    for outcome in outcomes:
+        assert outcome["unanswered"] == []
+        assert len(outcome["responses"]) + len(outcome["failures"]) == pages
+    stats = hosts.stats("A")
+    intervals = service_intervals(stats)
+    refusals = [
+        end
+        for (_, end), record in zip(intervals, stats["arrivals"], strict=True)
+        if record[3] == 429
+    ]
+    assert len(refusals) == 2  # the page and its retry
+    # Arrivals from either process while a hold runs (after a margin for
+    # sends already decided when the 429 was answered).
+    during_holds = [
+        start
+        for start, _ in intervals
+        if any(end + 0.1 < start < end + 0.9 for end in refusals)
+    ]
+    if shared:
+        assert during_holds == []
+    else:
+        assert during_holds
+
+
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "THROTTLING_STATE_URL = 'redis://127.0.0.1:{port}/0'",
+            "THROTTLING_STATE_URL 'redis://127.0.0.1:{port}/0': cannot reach Redis "
+            "(ConnectionError: ",
+        ),
+        (
+            "THROTTLING_STATE_URL = 'localhost:6379'",
+            "Invalid THROTTLING_STATE_URL value 'localhost:6379': expected a "
+            "redis://, rediss:// or unix:// URL, or None",
+        ),
+    ],
+    ids=["unreachable", "invalid"],
+)
+def test_shared_state_start_up_errors(tmp_path, simhosts, reactor, setting, message):
+    """`scrapy crawl` as a user runs it: one ERROR line naming the setting
+    and the URL, exit status 1, no request sent."""
+    from tests.redis_server import free_port
+    from tests.test_startup_messages import (
+        EPOLL,
+        host,
+        new_project,
+        scrapy_crawl,
+        simhosts_requests,
+    )
+
+    port = free_port()
+    url = host(simhosts)
+    project = new_project(
+        tmp_path, f"ADDONS = {ADDON!r}\n{setting.format(port=port)}\n"
+    )
+    args = ["-s", f"TWISTED_REACTOR={EPOLL}"] if reactor == "epoll" else []
+    result = scrapy_crawl(project, url, *args)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert message.format(port=port) in errors[0]
+    assert simhosts_requests(url) == 0
+    assert "Task exception was never retrieved" not in result.stderr
+    if reactor == "asyncio":
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
