@@ -75,28 +75,27 @@ def simhosts() -> Iterator[SimHostsFactory]:
         hosts.stop()
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """A real ``redis-server`` for the whole session (see
-    :mod:`tests.redis_server`); tests using it are skipped, with how to
-    install it, when it is missing."""
+def _started_redis_server() -> Iterator[RedisServer]:
+    """Start a real ``redis-server`` (see :mod:`tests.redis_server`), yield
+    it, clean it up; skip, with how to install it, when it is missing."""
     executable = find_redis_server()
     if executable is None:
         pytest.skip(INSTALL_HINT)
     server = RedisServer(executable).start()
     yield server
     server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` for the whole session."""
+    yield from _started_redis_server()
 
 
 @pytest.fixture
 def own_redis_server() -> Iterator[RedisServer]:
     """A ``redis-server`` of this test alone, which it may stop and start."""
-    executable = find_redis_server()
-    if executable is None:
-        pytest.skip(INSTALL_HINT)
-    server = RedisServer(executable).start()
-    yield server
-    server.cleanup()
+    yield from _started_redis_server()
 
 
 @pytest.fixture(name="run_crawl")
