@@ -111,8 +111,9 @@ async def test_delay_spaces_arrivals_by_delay_times_one_minus_jitter(simhosts):
     assert crawler.spider.unanswered() == []
     spacing = gaps(arrivals(hosts.stats("A")))
     assert len(spacing) == 11
-    # delay x (1 - jitter) = 0.1 s, minus a little timer slack.
-    assert min(spacing) >= 0.1 - 0.005
+    # delay x (1 - jitter) = 0.1 s, minus the slack of arrivals seen at the
+    # server (one late arrival makes the next gap look shorter by as much).
+    assert min(spacing) >= 0.1 - 0.02
     # Jitter really varies the spacing.
     assert max(spacing) - min(spacing) > 0.02
 

@@ -23,8 +23,11 @@ from tests.spiders import PagesSpider, run_crawl
 ON_BOTH_REACTORS = pytest.mark.parametrize("reactor", REACTORS)
 EPOLL = "twisted.internet.epollreactor.EPollReactor"
 DELAY = 0.2
-#: Timer slack below the lower bound, and arrival jitter above the upper.
-EARLY, LATE = 0.005, 0.06
+#: Slack below the lower bound and above the upper, as seen at the server:
+#: an arrival that comes late (the crawler's or the server's event loop was
+#: busy) makes its gap look longer and the next one shorter by as much (a
+#: 0.2 s delay was seen as 0.1918 s on a loaded CI run).
+EARLY, LATE = 0.03, 0.06
 
 
 def gaps(stats):
