@@ -14,7 +14,7 @@ so that both rows time the same number of calls. No network, no Scrapy: the
 algorithm only, which is what the add-on adds to every response.
 
 ``--compare REV`` also times ``LatencyLimit`` as it is in the git revision
-*REV* (its ``_algorithms/latency.py``, loaded from ``git show``), the two
+*REV* (its ``_algorithms`` package, extracted with ``git archive``), the two
 versions alternating run by run in this one process, so that the machine's
 load weighs on both alike.
 """
@@ -23,26 +23,47 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
+import io
 import math
 import random
 import subprocess
+import sys
+import tarfile
+import tempfile
 import time
-import types
+from pathlib import Path
 from typing import Any
 
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
 
 
 def load_revision(revision: str) -> Any:
-    """``LatencyLimit`` as it is in git revision *revision*."""
-    source = subprocess.run(
-        ["git", "show", f"{revision}:scrapy_adaptive_throttle/_algorithms/latency.py"],
+    """``LatencyLimit`` as it is in git revision *revision*.
+
+    The revision's whole ``_algorithms`` package is extracted (the latency
+    limit spans several of its modules since the split of issue 10) and
+    imported under a name of its own; it imports neither Scrapy nor the rest
+    of the package.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="latency-cost-"))
+    archive = subprocess.run(
+        ["git", "archive", revision, "scrapy_adaptive_throttle/_algorithms"],
         check=True,
         capture_output=True,
-        text=True,
     ).stdout
-    module = types.ModuleType(f"latency_{revision}")
-    exec(compile(source, module.__name__, "exec"), module.__dict__)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    name = f"algorithms_{revision}".replace("-", "_")
+    init = directory / "scrapy_adaptive_throttle" / "_algorithms" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        name, init, submodule_search_locations=[str(init.parent)]
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
     return module.LatencyLimit
 
 

@@ -1,0 +1,107 @@
+"""A host that changed speed: when the latency limit takes a new baseline.
+
+Part of :class:`~scrapy_adaptive_throttle._algorithms.latency.LatencyLimit`,
+whose module states the rules of its rounds; this one keeps the evidence
+that the host itself changed speed:
+
+* **A slowdown the limit cannot fix becomes the baseline at once.** When
+  three rounds in a row are mostly slow (at most a fifth of fast answers),
+  and the second and third round's median did not get faster (by 5%) after
+  the limit was lowered, the latency is not a queue this crawler causes: the
+  host itself got slower. That round's median becomes the baseline, the
+  levels start over and slow start finds the limit the slower host needs
+  (the guide's one-second window lost 15-18% of a 3-second slowdown; on the
+  noisy host model without slow start 0.63-0.69 of the reduced capacity,
+  with it 0.93). A queue the crawler causes shrinks when the limit does, and
+  never triggers it. **A host that sped up** does the opposite: when three
+  quarters of the last 16 or more answers since a slow round are below the
+  baseline (and beyond its noise), their median is the new baseline. Every
+  answer counts there, not only those that ended a round: the fastest of a
+  burst arrive first, and taking only them rebaselined a noise-only trace
+  every few seconds.
+"""
+
+from __future__ import annotations
+
+from .latency_baseline import lower_median
+
+__all__ = ["SPEEDUP_SAMPLES", "SpeedChange"]
+
+#: A round whose median is at least this share of the previous slow round's
+#: median did not get faster: lowering the limit did not help.
+_FLAT = 0.95
+#: Rounds in a row that did not get faster (after a first mostly slow round)
+#: before the baseline is replaced.
+_FLAT_ROUNDS = 2
+#: Answers of rounds without a decrease needed to tell a host that sped up.
+SPEEDUP_SAMPLES = 16
+
+
+class SpeedChange:
+    """The evidence, round after round, that the host itself changed speed."""
+
+    __slots__ = ("_faster", "_flat", "_slow_round_median")
+
+    def __init__(self) -> None:
+        # The answers of the last rounds without a decrease, until there are
+        # enough to tell whether the host sped up.
+        self._faster: list[tuple[float, float]] = []
+        # The median of the previous mostly slow round (None: the last round
+        # was not), and how many such rounds in a row did not get faster.
+        self._slow_round_median: float | None = None
+        self._flat = 0
+
+    def reset(self) -> None:
+        """Forget everything (a new baseline was taken)."""
+        self._slow_round_median = None
+        self._flat = 0
+        self._faster = []
+
+    def answered(self, now: float, latency: float) -> None:
+        """Note a normal answer."""
+        self._faster.append((now, latency))
+
+    def interrupted(self) -> None:
+        """A round ended without a verdict (an overload): slow rounds in a
+        row start over."""
+        self._slow_round_median = None
+        self._flat = 0
+
+    def after_slow_round(
+        self, latencies: list[float], *, mostly_slow: bool
+    ) -> float | None:
+        """A round ended with a decrease; *latencies* are its answers.
+
+        Returns the round's median when the host itself got slower (the
+        third mostly slow round in a row that did not get faster), else None.
+        """
+        self._faster = []
+        if not mostly_slow:
+            self.interrupted()
+            return None
+        latencies.sort()
+        median = lower_median(latencies)
+        previous = self._slow_round_median
+        self._slow_round_median = median
+        if previous is None or median < previous * _FLAT:
+            self._flat = 0
+            return None
+        self._flat += 1
+        return median if self._flat >= _FLAT_ROUNDS else None
+
+    def after_fast_round(self, now: float, window: float) -> list[float] | None:
+        """A round ended without a decrease.
+
+        Returns every answer since the last slow round, sorted, once there
+        are ``SPEEDUP_SAMPLES`` of them within *window* seconds (older ones
+        may mix two speeds of the host), for the caller to test; else None.
+        """
+        self.interrupted()
+        faster = self._faster
+        if not faster or now - faster[0][0] > window:
+            self._faster = []
+            return None
+        if len(faster) < SPEEDUP_SAMPLES:
+            return None
+        self._faster = []
+        return sorted(latency for _, latency in faster)
