@@ -359,7 +359,13 @@ class LatencyLimit:
         # The load a request met is what was in flight when it was sent: at
         # most the whole limit then (requests in flight when it answers may
         # have been sent later, into a different queue).
-        level = self._load.level_at(now - latency, in_flight, self.current())
+        sent = now - latency
+        level = self._load.level_at(sent)
+        if level is None:
+            # Not noted (or too old): at most the limit of the time, and at
+            # most what is in flight now if the limit was not in use.
+            sent_limit = self._load.limit_at(sent, self.current())
+            level = in_flight if in_flight < sent_limit else sent_limit
         self._samples.record(now, latency, level)
 
     def _update_baseline(self, now: float) -> None:

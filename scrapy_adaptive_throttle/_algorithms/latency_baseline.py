@@ -107,19 +107,15 @@ class LoadHistory:
                 return value
         return history[0][1] if history else current
 
-    def level_at(self, sent: float, in_flight: int, current: int) -> int:
-        """Requests in flight when a request sent at *sent* left.
-
-        Not noted (or too old): at most the limit of the time, and at most
-        *in_flight* (what is in flight now) if the limit was not in use.
-        """
+    def level_at(self, sent: float) -> int | None:
+        """Requests in flight when a request sent at *sent* left (None: not
+        noted, or too old; see :meth:`limit_at`)."""
         sends = self._sends
         for index in range(len(sends) - 1, -1, -1):
             when, level = sends[index]
             if when <= sent:
                 return level
-        sent_limit = self.limit_at(sent, current)
-        return in_flight if in_flight < sent_limit else sent_limit
+        return None
 
 
 class LevelSamples:
