@@ -351,22 +351,25 @@ def test_noisy_limit_stays_within_bounds(
 TRACE = Path(__file__).parent / "data" / "small_host_slow_start_trace.json"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="slow start's loaded answers entered the noise estimate: rounds of "
-    "64 answers, 32 slow answers per decrease",
-)
 def test_a_small_host_queueing_after_slow_start_is_seen_within_two_rounds() -> None:
     """Host B (2 workers x 100 ms) as a Scrapy crawl saw it on a loaded
-    machine: slow start to 7, a probe round at 3, back to 6. Then every
-    answer takes 0.3 s, three times the baseline: a queue of four at the
-    host. The limit must come down within two rounds (12 answers)."""
+    machine: slow start to 7, a probe round at 3, back to 6. Slow start's
+    loaded answers (0.2 s at 3 to 6 in flight) enter the baseline's pool and
+    make its noise look like 40-50% of slow answers: rounds of 64 answers,
+    32 slow ones per decrease. Then every answer takes 0.3 s, three times
+    the baseline and slower than any answer of the pool: a queue of four at
+    the host. The limit must come down within two rounds (12 answers).
+
+    The recorded crawl held 6 at the end of the trace; it may be lower now
+    (the trace's own 0.3 s answers are a queue too), but still above the
+    host's two workers."""
     recorded = json.loads(TRACE.read_text())
     limit = LatencyLimit(**recorded["limit"])
     now = 0.0
     for name, now, *args in recorded["events"]:
         getattr(limit, name)(now, *args)
-    assert limit.current() >= 6
+    assert limit.round_size == 64
+    assert limit.current() >= 4
     decreases = limit.decrease_count
     now += 0.35
     for _ in range(12):

@@ -1,0 +1,94 @@
+"""The latency limit on the host model, over many cases: a sweep, not a test.
+
+``python -m tests.algorithms.host_model_sweep``
+
+Six kinds of service time x two hosts (8 workers x 20 ms, 2 workers x
+100 ms) x four seeds x two crawler turnarounds (2 and 8 ms) x a cold start
+(the first 0.25 s twice as slow) or not: 192 crawls of 12 s on a fake clock,
+each measured from 4 s on. Prints, per kind and host, the rate as a share of
+the host's capacity and the median latency as a multiple of the unloaded
+median, then every case that misses 0.9 of capacity or a median within 1.5x
+(the figures of issue 9), so that a change of the limit can be compared case
+by case (``diff`` the output of two revisions).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable
+
+from scrapy_adaptive_throttle._algorithms import LatencyLimit
+from tests.latency_host_model import (
+    SimulatedHost,
+    bimodal,
+    crawl,
+    heavy_tailed,
+    lognormal,
+)
+
+KINDS = {
+    "constant": lambda _rng, service: service,
+    "lognormal-0.3": lognormal(0.3),
+    "lognormal-0.6": lognormal(0.6),
+    "lognormal-1.0": lognormal(1.0),
+    "bimodal": bimodal(0.005, 0.08, 0.7),
+    "heavy-tailed": heavy_tailed(0.05),
+}
+
+
+def unloaded_median(
+    draw: Callable[[random.Random, float], float], service: float
+) -> float:
+    rng = random.Random(99)
+    return statistics.median(draw(rng, service) for _ in range(20000))
+
+
+def main() -> None:
+    rates: list[float] = []
+    misses: list[str] = []
+    for name, draw in KINDS.items():
+        for workers, service in ((8, 0.02), (2, 0.1)):
+            unloaded = unloaded_median(draw, service)
+            host_rates: list[float] = []
+            medians: list[float] = []
+            for seed in (1, 2, 3, 4):
+                for turnaround in (0.002, 0.008):
+                    for cold in (False, True):
+                        host = SimulatedHost(
+                            workers=workers,
+                            service=service,
+                            draw=draw,
+                            rng=random.Random(seed),
+                            service_at=(
+                                (lambda now, s=service: 2 * s if now < 0.25 else s)
+                                if cold
+                                else (lambda _now, s=service: s)
+                            ),
+                        )
+                        limit = LatencyLimit(maximum=32, window=30.0)
+                        result = crawl(limit, host, 12.0, turnaround)
+                        rate = result.rate(4.0, 12.0) / host.capacity
+                        median = result.median_latency(4.0) / unloaded
+                        host_rates.append(rate)
+                        medians.append(median)
+                        if rate < 0.9 or median > 1.5:
+                            misses.append(
+                                f"{name} {workers}x{service} seed {seed} turnaround"
+                                f" {turnaround} cold {cold}: rate {rate:.3f},"
+                                f" median {median:.2f}x"
+                            )
+            print(
+                f"{name:14} {workers}x{service}: rate mean"
+                f" {statistics.mean(host_rates):.3f} min {min(host_rates):.3f};"
+                f" median/unloaded mean {statistics.mean(medians):.2f}"
+                f" max {max(medians):.2f}"
+            )
+            rates.extend(host_rates)
+    print(f"mean rate {statistics.mean(rates):.3f}; {len(misses)} of {len(rates)} miss")
+    for line in misses:
+        print("miss:", line)
+
+
+if __name__ == "__main__":
+    main()
