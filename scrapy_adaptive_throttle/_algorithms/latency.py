@@ -14,42 +14,11 @@ robust to hosts whose service time is noisy (issue 9):
   lowest in-flight levels, measured by ``latency_baseline.py`` (which states
   its rules: pooling, expiry, stale samples) and kept unloaded by probe rounds
   (``latency_probe.py``, BBR's ProbeRTT).
-* **A round needs enough answers to beat the noise.** Answers are counted
-  in rounds: the answers to requests sent after the last decision (``now -
-  latency`` tells when a request was sent). When half of a round's answers
-  are slow the limit is multiplied by 0.9 (below 10, lowered by one: a tenth
-  of a small limit is less than what one round of growth adds back); when
-  more than half are within the tolerance, the round ends without a
-  decrease. That is the round's median against the threshold, which is what
-  the tolerance promises (at the settled limit the median latency stays
-  within the tolerance of the unloaded median). A round has at least
-  ``limit`` answers, and on a noisy host more: with a share ``p`` of unloaded
-  answers above the threshold, the slow count is binomial and its majority
-  slow by chance about 2% of the time (two standard errors) with ``n >= (2
-  sqrt(p (1 - p)) / (0.5 - p))^2`` answers (:func:`round_size_for_noise`): 1
-  on a steady host, 12 at p = 0.25 (lognormal sigma 0.6, tolerance 1.5), 35
-  at p = 0.34 (sigma 1.0); rounds pool answers across physical rounds when
-  the limit is small. Measured with Scrapy on 2 shared cores, one answer in
-  ten is slow for reasons on the crawler's side (its event loop was busy),
-  and the guide's per-answer rule turned that noise into decreases, holding
-  host A at 0.8 of its capacity; the majority rule does not.
-* **A round slower than every unloaded answer needs few answers.** When a
-  round needs 24 answers or more (a noise share of about 0.3 and up), its
-  slow answers may also end it early: once more than half of its last
-  ``max(limit, 3)`` answers are slower than the slowest answer of the
-  baseline's pool. Noise puts about one answer in ``len(pool)`` there however
-  noisy the pool is, so that is a queue. The case it is for: Scrapy on a
-  loaded machine overshooting a 2-worker host in slow start, whose queued
-  answers (2x the service time at 3-6 in flight) entered the pool and made
-  its noise share 0.4-0.5: rounds of 64 answers, and 32 answers at 3x the
-  baseline before a decrease (``tests/algorithms/data/
-  small_host_slow_start_trace.json``); now 3. On the host model (6 kinds of
-  service time x 2 hosts x 4 seeds x 2 turnarounds x cold start or not) the
-  mean rate is 0.949 of capacity against 0.950 before; 95 of the 192 cases
-  miss 0.9 of capacity or a median within 1.5x before and after, one
-  heavy-tailed case now meets both (median 2.44x to 1.44x) and one
-  lognormal-0.3 case on the 2-worker host now misses (0.974 to 0.896 of
-  capacity).
+* **A round needs enough answers to beat the noise**: the answers to
+  requests sent after the last decision, at least ``limit`` of them and more
+  on a noisy host; its majority slow lowers the limit, its majority within
+  the tolerance ends it without a decrease (``latency_round.py`` states the
+  rules and their figures).
 * **The limit only grows while it is used** (in-flight requests close to the
   limit): an idle scope must not inflate a limit it never tested. And it only
   grows on answers to requests sent since the whole-number limit last went
@@ -114,42 +83,16 @@ from .latency_baseline import (
     lower_median,
 )
 from .latency_probe import PROBE_SAMPLES, ProbeRound
+from .latency_round import FAR_RULE_TARGET, Round, round_size_for_noise
 from .latency_speed import SpeedChange
 
 __all__ = ["LatencyLimit"]
 
-#: The largest number of answers a round may need.
-_MAX_ROUND = 64
-#: A round with at most this share of fast answers is "mostly slow".
-_MOSTLY_SLOW_FAST_SHARE = 0.2
 #: A round must be at least this much faster than the baseline (and beyond
 #: its noise) to count as the host having sped up.
 _SPEEDUP = 0.9
-#: Answers a round needs at least when its majority is slower than every
-#: answer of the baseline's pool.
-_FAR_ROUND = 3
-_FAR_RULE_TARGET = 24
 #: Growth speed towards the level whose round was last slow.
 _NEAR_FAILED = 0.25
-
-
-def round_size_for_noise(slow_share: float) -> int:
-    """Answers a round needs so that noise alone rarely makes its majority slow.
-
-    *slow_share* is the share of the host's unloaded answers that are slow
-    (above the threshold). With ``n`` answers, the slow count is binomial;
-    its majority is slow by chance with probability about
-    ``P(Z > (0.5 - p) sqrt(n) / sqrt(p (1 - p)))``, which ``Z`` standard
-    errors keep near 2%: 1 answer for a steady host, 12 at p = 0.25, 35 at
-    p = 0.34 (lognormal sigma 1.0 with a tolerance of 1.5).
-    """
-    if slow_share <= 0.0:
-        return 1
-    margin = 0.5 - slow_share
-    if margin <= 0.0:
-        return _MAX_ROUND
-    size = (Z * math.sqrt(slow_share * (1.0 - slow_share)) / margin) ** 2
-    return min(_MAX_ROUND, math.ceil(size))
 
 
 class LatencyLimit:
@@ -188,24 +131,20 @@ class LatencyLimit:
     __slots__ = (
         "_failed_at",
         "_failed_level",
-        "_fast",
         "_last_overload",
         "_load",
-        "_mark",
         "_maximum",
         "_minimum",
         "_pool_slow_share",
         "_probe",
         "_raised_at",
-        "_round_latencies",
+        "_round",
         "_round_size",
         "_samples",
-        "_slow",
         "_slow_start",
         "_speed",
         "_steady",
         "_unloaded_max",
-        "_upper",
         "best",
         "decrease_count",
         "increase_count",
@@ -264,14 +203,10 @@ class LatencyLimit:
         # When the whole-number limit last went up: answers to requests sent
         # before then tested the lower limit and do not raise it further.
         self._raised_at = -math.inf
-        # The current round: answers to requests sent since _mark.
-        self._mark = -math.inf
-        self._fast = 0
-        self._slow = 0
-        self._upper = 0
+        # The current round: answers to requests sent since its start.
+        self._round = Round()
         # The slowest answer of the baseline's pool.
         self._unloaded_max = math.inf
-        self._round_latencies: list[float] = []
         # Whether the host itself changed speed (a new baseline).
         self._speed = SpeedChange()
         # The whole limit whose round was last slow, and when.
@@ -478,14 +413,19 @@ class LatencyLimit:
 
         limit = self.limit
         sent = now - latency
-        counted = sent >= self._mark
+        current_round = self._round
+        counted = sent >= current_round.mark
         threshold = self._threshold(best)
         if latency <= threshold:
             band = threshold - best
             step = 2.0 * (threshold - latency) / band if 0 < band < math.inf else 1.0
             if step < 1.0 and counted:
-                self._upper += 1
-            if step < 1.0 and self._slow_start and self._queue_forming():
+                current_round.upper += 1
+            if (
+                step < 1.0
+                and self._slow_start
+                and current_round.queue_forming(steady=self._steady)
+            ):
                 self._slow_start = False
             # int(limit) is current(): the limit always lies within its bounds.
             if (
@@ -515,22 +455,17 @@ class LatencyLimit:
                     self._note_limit(now)
                 self.increase_count += 1
             if counted:
-                self._fast += 1
-                self._round_latencies.append(latency)
-                if 2 * self._fast > self._round_target():
+                current_round.fast += 1
+                current_round.latencies.append(latency)
+                if 2 * current_round.fast > self._round_target():
                     self._end_round(now, slow=False)
         else:
             if counted:
-                self._upper += 1
-            if self._slow_start and self._queue_forming():
+                current_round.upper += 1
+            if self._slow_start and current_round.queue_forming(steady=self._steady):
                 self._slow_start = False
             if counted:
                 self._count_slow(now, latency)
-
-    def _queue_forming(self) -> bool:
-        # On a steady host one answer in the upper half of the band is a
-        # queue forming; on a noisy one, half of the round's answers.
-        return self._steady or 2 * self._upper > self._fast + self._slow
 
     def _round_target(self) -> int:
         size = self._round_size
@@ -551,37 +486,26 @@ class LatencyLimit:
         if (
             best is not None
             and latency > self._threshold(best)
-            and now - latency >= self._mark
+            and now - latency >= self._round.mark
         ):
-            self._upper += 1
+            self._round.upper += 1
             self._count_slow(now, latency)
 
     def _count_slow(self, now: float, latency: float) -> None:
-        self._slow += 1
-        latencies = self._round_latencies
-        latencies.append(latency)
+        current_round = self._round
+        current_round.slow += 1
+        current_round.latencies.append(latency)
         target = self._round_target()
-        if 2 * self._slow >= target or (
+        if 2 * current_round.slow >= target or (
             latency > self._unloaded_max
-            and target >= _FAR_RULE_TARGET
-            and self._recent_far_majority(latencies)
+            and target >= FAR_RULE_TARGET
+            and current_round.recent_far_majority(int(self.limit), self._unloaded_max)
         ):
             self._end_round(now, slow=True)
 
-    def _recent_far_majority(self, latencies: list[float]) -> bool:
-        # Beyond every unloaded answer of the pool, noise puts about one
-        # answer in len(pool), however noisy the pool: the majority of the
-        # round's last answers (a physical round, at least _FAR_ROUND) there
-        # is a queue, seen without waiting for the answers a noisy pool asks.
-        count = max(int(self.limit), _FAR_ROUND)
-        if len(latencies) < count:
-            return False
-        highest = self._unloaded_max
-        far = sum(1 for value in latencies[-count:] if value > highest)
-        return 2 * far > count
-
     def _end_round(self, now: float, *, slow: bool) -> None:
-        latencies = self._round_latencies
+        current_round = self._round
+        latencies = current_round.latencies
         if slow:
             self._slow_start = False
             limit = limit_before = self.limit
@@ -596,8 +520,7 @@ class LatencyLimit:
             self.decrease_count += 1
             slower = self._speed.after_slow_round(
                 latencies,
-                mostly_slow=self._fast
-                <= _MOSTLY_SLOW_FAST_SHARE * (self._fast + self._slow),
+                mostly_slow=current_round.mostly_slow(),
             )
             if slower is not None:
                 # Lowering the limit three rounds in a row did not bring the
@@ -615,9 +538,7 @@ class LatencyLimit:
                     self._rebaseline(now, lower_median(values), values)
             if self._samples.dirty:
                 self._update_baseline(now)
-        self._mark = now
-        self._fast = self._slow = self._upper = 0
-        self._round_latencies = []
+        current_round.start(now)
         if (
             not self._slow_start
             and self._probe.started is None
@@ -637,9 +558,7 @@ class LatencyLimit:
             self.limit = max(float(self._minimum), self.limit / 2)
             self._note_limit(now)
             self._last_overload = now
-        self._mark = now
-        self._fast = self._slow = self._upper = 0
-        self._round_latencies = []
+        self._round.start(now)
         self._speed.interrupted()
         if self._probe.started is not None:
             self._end_probe(now)
