@@ -1390,7 +1390,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--configs",
         help="comma-separated configurations, run in every selected scenario "
-        f"(default: each scenario's own list); known: {', '.join(CONFIGS)}",
+        f"(default: each scenario's own list); known: {', '.join(CONFIGS)},"
+        " and fixed-N for any limit N",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output directory")
@@ -1419,6 +1420,12 @@ def main(argv: list[str] | None = None) -> int:
     configs = None
     if args.configs:
         configs = [name.strip() for name in args.configs.split(",") if name.strip()]
+        for name in configs:
+            # Any fixed limit: fixed-N (e.g. to trace the rate a fixed limit
+            # reaches against the latency it costs).
+            prefix, _, number = name.partition("-")
+            if name not in CONFIGS and prefix == "fixed" and number.isdigit():
+                CONFIGS[name] = _fixed(int(number))
         unknown = [name for name in configs if name not in CONFIGS]
         if unknown:
             parser.error(f"unknown configurations {unknown}; known: {list(CONFIGS)}")
