@@ -11,6 +11,12 @@ import functools
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
+from ._meta_keys import (
+    AUTOTHROTTLE_DONT_ADJUST_DELAY_META_KEY,
+    DONT_TRACK_META_KEY,
+    RESOLVED_SCOPES_META_KEY,
+)
+
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -22,6 +28,25 @@ else:  # pragma: no cover - runtime fallbacks for TypedDict keys
         from typing import NotRequired
     except ImportError:
         from typing_extensions import NotRequired
+
+__all__ = [
+    "RESOLVED_SCOPES_META_KEY",
+    "BackoffConfig",
+    "BackoffData",
+    "BackoffScopeData",
+    "RampupConfig",
+    "RequestScopes",
+    "ScopeID",
+    "ThrottlingManagerProtocol",
+    "ThrottlingScopeConfig",
+    "ThrottlingScopeManagerProtocol",
+    "add_scope",
+    "dont_track",
+    "iter_scope_values",
+    "iter_scopes",
+    "scope_cache",
+    "update_scope_backoff",
+]
 
 #: A throttling scope identifier.
 ScopeID = str
@@ -209,16 +234,14 @@ class ThrottlingScopeManagerProtocol(Protocol):
         """Whether the scope state can be evicted."""
 
 
-RESOLVED_SCOPES_META_KEY = "_throttling_resolved_scopes"
-
-
 def dont_track(meta: dict[str, Any]) -> bool:
     """Whether a request's outcome must not change throttling state:
     :reqmeta:`throttling_dont_track`, or AutoThrottle's
     ``autothrottle_dont_adjust_delay``, which the reference chapter maps to
     it (so spiders written for AutoThrottle keep their exclusions)."""
     return bool(
-        meta.get("throttling_dont_track") or meta.get("autothrottle_dont_adjust_delay")
+        meta.get(DONT_TRACK_META_KEY)
+        or meta.get(AUTOTHROTTLE_DONT_ADJUST_DELAY_META_KEY)
     )
 
 
