@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ._settings import _Reader, report_invalid_setting, to_float, to_int
+from ._settings import SettingsReader, report_invalid_setting, to_float, to_int
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -178,7 +178,7 @@ class SharedStateSettings:
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> SharedStateSettings:
         """Read and validate *settings*; raise :exc:`ValueError` on bad input."""
-        read = _Reader(settings)
+        read = SettingsReader(settings)
         url = read.raw("THROTTLING_STATE_URL")
         if url is not None:
             if not isinstance(url, str) or not url.strip():
