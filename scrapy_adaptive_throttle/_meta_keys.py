@@ -5,10 +5,13 @@ The documented keys (:reqmeta:`throttling_scopes`, :reqmeta:`throttling_delay`,
 built-in components are read as they are; the ``_throttling_*`` keys are the
 package's own bookkeeping, kept in the meta (plain, serialisable values) so
 that they survive a ``JOBDIR`` and follow a request through retries and
-redirects.
+redirects. :func:`dont_track` reads the two keys that exclude a request
+from the state changes.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 # The documented keys (docs/reference/meta.rst).
 
@@ -44,5 +47,17 @@ RESOLVED_SCOPES_META_KEY = "_throttling_resolved_scopes"
 SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
 #: The request's :reqmeta:`throttling_delay` has been waited.
 DELAYED_META_KEY = "_throttling_delayed"
-#: When the request's :reqmeta:`throttling_delay` ends (clock seconds).
+#: When the request's :reqmeta:`throttling_delay` ends, in wall-clock seconds
+#: (so that a crawl paused and resumed with ``JOBDIR`` still holds it).
 DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
+
+
+def dont_track(meta: dict[str, Any]) -> bool:
+    """Whether a request's outcome must not change throttling state:
+    :reqmeta:`throttling_dont_track`, or AutoThrottle's
+    ``autothrottle_dont_adjust_delay``, which the reference chapter maps to
+    it (so spiders written for AutoThrottle keep their exclusions)."""
+    return bool(
+        meta.get(DONT_TRACK_META_KEY)
+        or meta.get(AUTOTHROTTLE_DONT_ADJUST_DELAY_META_KEY)
+    )

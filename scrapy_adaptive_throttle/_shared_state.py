@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
 
-    from ._types import ScopeID
+    from ._scopes import ScopeID
 
 logger = logging.getLogger(__name__)
 
