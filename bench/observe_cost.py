@@ -35,8 +35,8 @@ from typing import Any
 
 from scrapy import Request, Spider
 
-from bench.simhosts import SimHosts
 from scrapy_adaptive_throttle._diagnostics import ThrottlingDiagnostics
+from simhosts import SimHosts
 
 ROOT = Path(__file__).resolve().parents[1]
 DIAGNOSTICS = "scrapy_adaptive_throttle._diagnostics.ThrottlingDiagnostics"

@@ -1,6 +1,6 @@
 """Rate-limited API benchmark (issue 4): ``python -m bench.ratelimit``.
 
-A simulated API (:mod:`bench.simhosts`, kind ``ratelimit``) serves at most
+A simulated API (:mod:`simhosts`, kind ``ratelimit``) serves at most
 ``N`` requests in any sliding second and answers the others ``429`` with
 ``Retry-After: 1``. Each configuration crawls it in its own process
 (:mod:`bench.crawl`) against a fresh server, one after the other, and the
@@ -61,8 +61,8 @@ from typing import Any
 
 from bench.crawl import run_in_subprocess
 from bench.run import windowed_counts
-from bench.simhosts import SimHosts
 from scrapy_adaptive_throttle import ThrottlingScopeManager
+from simhosts import SimHosts
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 #: Seconds of server time after which a configuration counts as converged

@@ -2,7 +2,7 @@
 
 Reproduces the scenario of the guide "Adapting Crawl Rate to Host Latency"
 (``shared/reference/000_*``) for the figures of SPEC.md section 4: simulated
-hosts (:mod:`bench.simhosts`) crawled by Scrapy under several configurations,
+hosts (:mod:`simhosts`) crawled by Scrapy under several configurations,
 each compared with the host's capacity as actually measured on this machine by
 a raw client (the ``probe`` configuration, :mod:`bench.probe`): with 2 cores
 shared by the server and the crawler, the nominal capacity (workers / service
@@ -75,7 +75,7 @@ import twisted
 
 from bench.crawl import run_in_subprocess
 from bench.probe import probe_async
-from bench.simhosts import SimHosts
+from simhosts import SimHosts
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -43,7 +43,7 @@ from typing import Any
 from bench.crawl import run_in_subprocess
 from bench.probe import probe
 from bench.run import ADDON, HOST_A, HOST_B, PLAIN_SCOPE_MANAGER
-from bench.simhosts import SimHosts
+from simhosts import SimHosts
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         run_child(json.loads(args.child))
         return 0
 
-    from bench.simhosts import SimHosts
+    from simhosts import SimHosts
 
     configs = host_configs(args.hosts)
     with SimHosts(configs, startup_timeout=60) as hosts:

@@ -9,17 +9,14 @@ from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
 from ._native import LatencySampleMiddleware
 from ._pqueue import ThrottlingAwarePriorityQueue
+from ._protocols import ThrottlingManagerProtocol, ThrottlingScopeManagerProtocol
+from ._scope_config import BackoffConfig, RampupConfig, ThrottlingScopeConfig
 from ._scope_manager import ThrottlingScopeManager
-from ._types import (
-    BackoffConfig,
+from ._scopes import (
     BackoffData,
     BackoffScopeData,
-    RampupConfig,
     RequestScopes,
     ScopeID,
-    ThrottlingManagerProtocol,
-    ThrottlingScopeConfig,
-    ThrottlingScopeManagerProtocol,
     add_scope,
     iter_scope_values,
     iter_scopes,

@@ -35,6 +35,7 @@ from scrapy.extensions.telnet import update_telnet_vars
 from scrapy.utils.asyncio import create_looping_call
 
 from ._explain import REASONS, Explanation, primary_reason, scope_wait_reasons
+from ._meta_keys import DOWNLOAD_LATENCY_META_KEY, RESOLVED_SCOPES_META_KEY
 from ._settings import (
     ThrottlingSettings,
     report_invalid_setting,
@@ -43,7 +44,7 @@ from ._settings import (
     to_int,
 )
 from ._timeline import ScopeTraffic, TimelineWriter
-from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, dont_track, iter_scopes
+from ._types import ScopeID, dont_track, iter_scopes
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -236,7 +237,7 @@ class ThrottlingDiagnostics:
             if get_scopes is None:
                 return
             scopes = get_scopes(request)
-        self.traffic.record(iter_scopes(scopes), meta.get("download_latency"))
+        self.traffic.record(iter_scopes(scopes), meta.get(DOWNLOAD_LATENCY_META_KEY))
 
     def update_telnet_vars(self, telnet_vars: dict[str, Any]) -> None:
         """Add ``explain`` (and ``throttler``) to the telnet console."""

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 
-from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, iter_scope_values
+from ._meta_keys import (
+    DELAY_DEADLINE_META_KEY,
+    DELAY_META_KEY,
+    DELAYED_META_KEY,
+    RESOLVED_SCOPES_META_KEY,
+)
+from ._types import ScopeID, iter_scope_values
 
 if TYPE_CHECKING:
     from ._manager import ThrottlingManager
@@ -280,15 +286,14 @@ def explain(
 
 
 def _remaining_request_delay(request: Request) -> float:
-    from ._manager import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
 
     meta = request.meta
-    if not meta.get("throttling_delay") or meta.get(DELAYED_META_KEY):
+    if not meta.get(DELAY_META_KEY) or meta.get(DELAYED_META_KEY):
         return 0.0
     deadline = meta.get(DELAY_DEADLINE_META_KEY)
     if deadline is None:
         try:
-            return max(0.0, float(meta["throttling_delay"]))
+            return max(0.0, float(meta[DELAY_META_KEY]))
         except (TypeError, ValueError):
             return 0.0
     return max(0.0, float(deadline) - time.time())

@@ -37,6 +37,16 @@ from ._algorithms import (
 )
 from ._containment import ScopeManagerError, report, validate_scopes
 from ._decisions import record_backoff_decision, responding
+from ._meta_keys import (
+    DELAY_DEADLINE_META_KEY,
+    DELAY_META_KEY,
+    DELAYED_META_KEY,
+    DONT_OBEY_ROBOTSTXT_META_KEY,
+    DOWNLOAD_LATENCY_META_KEY,
+    DOWNLOAD_SLOT_META_KEY,
+    SCOPES_META_KEY,
+    SLOT_STAMP_META_KEY,
+)
 from ._settings import ThrottlingSettings
 from ._shared_state import SharedState
 from ._types import (
@@ -60,12 +70,6 @@ if TYPE_CHECKING:
     from ._explain import Explanation
 
 logger = logging.getLogger(__name__)
-
-#: Meta key of the ``download_slot`` value stamped by the downloader, so that a
-#: retried or redirected copy is not mistaken for a user-set slot.
-SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
-DELAYED_META_KEY = "_throttling_delayed"
-DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
 
 #: The longest throttling_delay honoured (one day): a longer one is taken for
 #: a mistake (milliseconds, or a timestamp) rather than held for ever.
@@ -93,7 +97,7 @@ def is_robots_request(request: Request) -> bool:
     hold the scope's only slot while it waits for robots.txt (a deadlock),
     and there is one per host and crawl.
     """
-    return bool(request.meta.get("dont_obey_robotstxt")) and (
+    return bool(request.meta.get(DONT_OBEY_ROBOTSTXT_META_KEY)) and (
         urlparse_cached(request).path == "/robots.txt"
     )
 
@@ -182,7 +186,7 @@ class ThrottlingManager:
         the host's limits still apply (see :ref:`other-plugins`).
         """
         meta = request.meta
-        scopes = meta.get("throttling_scopes")
+        scopes = meta.get(SCOPES_META_KEY)
         if scopes is not None:
             return scopes  # type: ignore[no-any-return]
         parsed = urlparse_cached(request)
@@ -192,7 +196,7 @@ class ThrottlingManager:
             cached = dnscache.get(parsed.hostname or "")
             if isinstance(cached, str) and cached not in (netloc, parsed.hostname):
                 ip = cached
-        slot = meta.get("download_slot")
+        slot = meta.get(DOWNLOAD_SLOT_META_KEY)
         if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
             slot = str(slot)
             if slot != netloc:
@@ -499,7 +503,7 @@ class ThrottlingManager:
         in wall-clock time so that it survives a paused and resumed crawl.
         """
         meta = request.meta
-        delay = meta.get("throttling_delay")
+        delay = meta.get(DELAY_META_KEY)
         if not delay or meta.get(DELAYED_META_KEY):
             return 0.0
         wall = time.time()
@@ -833,7 +837,7 @@ class ThrottlingManager:
                 self._record_rate_limited(backoff, now, request)
         if request is None or dont_track(request.meta):
             return
-        latency = request.meta.get("download_latency")
+        latency = request.meta.get(DOWNLOAD_LATENCY_META_KEY)
         reservation = self._reserved.get(request)
         if not reservation:
             return

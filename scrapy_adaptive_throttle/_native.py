@@ -27,7 +27,12 @@ import weakref
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
-from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, iter_scopes
+from ._meta_keys import (
+    DONT_TRACK_META_KEY,
+    DOWNLOAD_LATENCY_META_KEY,
+    RESOLVED_SCOPES_META_KEY,
+)
+from ._types import ScopeID, iter_scopes
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -122,16 +127,16 @@ class LatencySampleMiddleware:
         return self._enabled
 
     def process_request(self, request: Request) -> None:
-        request.meta.pop("download_latency", None)
+        request.meta.pop(DOWNLOAD_LATENCY_META_KEY, None)
 
     async def process_response(self, request: Request, response: Response) -> Response:
         if not self._scopes or not self._feeds_samples():
             return response
-        latency = request.meta.get("download_latency")
+        latency = request.meta.get(DOWNLOAD_LATENCY_META_KEY)
         if (
             latency is None
             or "cached" in response.flags
-            or request.meta.get("throttling_dont_track")
+            or request.meta.get(DONT_TRACK_META_KEY)
         ):
             return response
         scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)

@@ -37,7 +37,7 @@ from ._containment import (
     host_scope,
     report,
 )
-from ._manager import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
+from ._meta_keys import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
 from ._queue_gate import queue_gate
 from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope_values
 from ._wiring import get_throttler

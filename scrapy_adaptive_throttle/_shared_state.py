@@ -37,195 +37,49 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
-from ._settings import _Reader, report_invalid_setting, to_float, to_int
+from ._redis_client import (
+    RECONNECT_MIN_DELAY,
+    RELEASE_BATCH_DELAY,
+    Reconnection,
+    RedisFailure,
+    ReleaseBatch,
+    SharedStateUnavailableError,
+    connect,
+    is_redis_error,
+    redact_url,
+    unreachable,
+)
+from ._redis_scripts import ACQUIRE_SCRIPT, ADOPT_SCRIPT, HOLD_SCRIPT, RELEASE_SCRIPT
+from ._settings import report_invalid_setting
+from ._shared_state_settings import LEASE_MARGIN, SharedStateSettings
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
-    from scrapy.settings import BaseSettings
 
-    from ._types import ScopeID
+    from ._scopes import ScopeID
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a lease outlives :setting:`DOWNLOAD_TIMEOUT`: a request is
-#: reserved a little before its download starts (downloader middlewares)
-#: and released a little after it ends.
-LEASE_MARGIN = 5.0
+__all__ = [
+    "LEASE_MARGIN",
+    "RECHECK_INTERVAL",
+    "RECONNECT_MIN_DELAY",
+    "RELEASE_BATCH_DELAY",
+    "ScopeCheck",
+    "SharedState",
+    "SharedStateSettings",
+    "SharedStateUnavailableError",
+    "fallback_check",
+    "redact_url",
+    "unreachable",
+]
+
 #: Seconds between two looks at a scope whose leases are all held by other
 #: processes (nothing in this process will release one and wake it).
 RECHECK_INTERVAL = 0.02
-#: First and longest wait before retrying a lost Redis connection.
-RECONNECT_MIN_DELAY = 0.25
-RECONNECT_MAX_DELAY = 10.0
-#: Socket timeouts of the Redis client: calls are synchronous (the reactor
-#: waits for them), so an unresponsive server must fail fast.
-SOCKET_TIMEOUT = 1.0
-#: Longest a release waits to go out with the next check (the send that
-#: usually follows it at once) before it is sent on its own.
-RELEASE_BATCH_DELAY = 0.005
-_SCHEMES = ("redis", "rediss", "unix")
-
-# Times in the scripts are microseconds of the Redis server's clock (exact
-# in Lua's doubles), durations are passed in microseconds too.
-_NOW = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-"""
-
-#: KEYS: the lease keys of R releases, then the lease, next-send and hold
-#: key of each scope. ARGV: token, lease TTL, R, the R released tokens, then
-#: the limit (-1: none) and the spacing of each scope. Returns ``{status,
-#: wait}``: status 1 = leased (every scope), 0 = not leased, -i = not leased
-#: and scope i is at its limit; wait = microseconds until every time gate
-#: opens. Releases go first, batched into the next check (see
-#: SharedState.release).
-_ACQUIRE = (
-    _NOW
-    + """
-local ttl = tonumber(ARGV[2])
-local released = tonumber(ARGV[3])
-for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[3 + i]) end
-local base = 3 + released
-local scopes = (#KEYS - released) / 3
-local blocked = 0
-local wait = 0
-for i = 1, scopes do
-  local k = released + 3 * (i - 1)
-  local lease = KEYS[k + 1]
-  redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
-  local limit = tonumber(ARGV[base + 2 * i - 1])
-  if blocked == 0 and limit >= 0 and redis.call('ZCARD', lease) >= limit then
-    blocked = i
-  end
-  local next_send = tonumber(redis.call('GET', KEYS[k + 2]) or '0')
-  local hold = tonumber(redis.call('GET', KEYS[k + 3]) or '0')
-  local gate = math.max(next_send, hold) - now
-  if gate > wait then wait = gate end
-end
-if blocked > 0 then return {-blocked, wait} end
-if wait > 0 then return {0, wait} end
-for i = 1, scopes do
-  local k = released + 3 * (i - 1)
-  redis.call('ZADD', KEYS[k + 1], now + ttl, ARGV[1])
-  redis.call('PEXPIRE', KEYS[k + 1], math.ceil(ttl / 1000))
-  local spacing = tonumber(ARGV[base + 2 * i])
-  if spacing > 0 then
-    redis.call('SET', KEYS[k + 2], now + spacing, 'PX',
-               math.ceil(spacing / 1000) + 1000)
-  end
-end
-return {1, 0}
-"""
-)
-
-#: KEYS: lease keys. ARGV: token, lease TTL, then one token per key: lease
-#: without looking at limits (a request already in flight).
-_ADOPT = (
-    _NOW
-    + """
-local ttl = tonumber(ARGV[2])
-for i = 1, #KEYS do
-  redis.call('ZADD', KEYS[i], now + ttl, ARGV[2 + i])
-  redis.call('PEXPIRE', KEYS[i], math.ceil(ttl / 1000))
-end
-return #KEYS
-"""
-)
-
-#: KEYS: lease keys. ARGV: the token to remove from each.
-_RELEASE = """
-for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i]) end
-return #KEYS
-"""
-
-#: KEYS: hold key. ARGV: microseconds from now. A hold only ever grows.
-_HOLD = (
-    _NOW
-    + """
-local hold = now + tonumber(ARGV[1])
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if hold > current then
-  redis.call('SET', KEYS[1], hold, 'PX', math.ceil(tonumber(ARGV[1]) / 1000) + 1000)
-end
-return 0
-"""
-)
-
-
-class SharedStateUnavailableError(ValueError):
-    """:setting:`THROTTLING_STATE_URL` names a Redis server that cannot be
-    reached when the crawl starts (or the ``redis`` package is missing)."""
-
-
-@dataclass(frozen=True)
-class SharedStateSettings:
-    """The shared-state settings of a crawl, read and validated once."""
-
-    #: :setting:`THROTTLING_STATE_URL` (``None``: in-process state).
-    url: str | None
-    #: :setting:`THROTTLING_STATE_PREFIX`.
-    prefix: str
-    #: :setting:`THROTTLING_STATE_PROCESSES`.
-    processes: int
-    #: Seconds a lease lives: :setting:`DOWNLOAD_TIMEOUT` + :data:`LEASE_MARGIN`.
-    lease_ttl: float
-
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> SharedStateSettings:
-        """Read and validate *settings*; raise :exc:`ValueError` on bad input."""
-        read = _Reader(settings)
-        url = read.raw("THROTTLING_STATE_URL")
-        if url is not None:
-            if not isinstance(url, str) or not url.strip():
-                raise ValueError(
-                    f"Invalid THROTTLING_STATE_URL value {url!r}: expected a "
-                    "redis://, rediss:// or unix:// URL, or None"
-                )
-            url = url.strip()
-            scheme = urlsplit(url).scheme
-            if scheme not in _SCHEMES:
-                raise ValueError(
-                    f"Invalid THROTTLING_STATE_URL value {redact_url(url)!r}: "
-                    "expected a redis://, rediss:// or unix:// URL, or None"
-                )
-        prefix = read.raw("THROTTLING_STATE_PREFIX")
-        if not isinstance(prefix, str) or not prefix or prefix != prefix.strip():
-            raise ValueError(
-                f"Invalid THROTTLING_STATE_PREFIX value {prefix!r}: expected a "
-                "non-empty string without surrounding spaces"
-            )
-        processes = to_int(
-            read.raw("THROTTLING_STATE_PROCESSES"),
-            "THROTTLING_STATE_PROCESSES",
-            minimum=1,
-        )
-        timeout = to_float(
-            settings.get("DOWNLOAD_TIMEOUT", 180), "DOWNLOAD_TIMEOUT", minimum=0.0
-        )
-        return cls(
-            url=url,
-            prefix=prefix,
-            processes=processes,
-            lease_ttl=timeout + LEASE_MARGIN,
-        )
-
-
-def redact_url(url: str) -> str:
-    """*url* without its password, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
 
 #: A scope of a check: its id, its limit now (``None``: none), how many
 #: requests of it this process has in flight, and the spacing its next send
@@ -257,19 +111,16 @@ class SharedState:
         self.url = redact_url(config.url)
         self._clock = clock
         self._stats = stats
-        #: ``schedule(delay, function)`` (Scrapy's ``call_later``) to batch
-        #: releases; ``None``: each release is sent at once.
-        self._schedule = schedule
-        self._flush_call: Any = None
-        #: Releases not sent yet: (lease key, token).
-        self._releases: list[tuple[str, str]] = []
+        #: Releases not sent yet; *schedule* (Scrapy's ``call_later``) sends
+        #: them on their own if no check takes them first.
+        self._releases = ReleaseBatch(self.flush_releases, schedule)
         if client is None:
-            client = _client(config.url)
+            client = connect(config.url)
         self._client = client
-        self._acquire = client.register_script(_ACQUIRE)
-        self._adopt = client.register_script(_ADOPT)
-        self._release = client.register_script(_RELEASE)
-        self._hold = client.register_script(_HOLD)
+        self._acquire = client.register_script(ACQUIRE_SCRIPT)
+        self._adopt = client.register_script(ADOPT_SCRIPT)
+        self._release = client.register_script(RELEASE_SCRIPT)
+        self._hold = client.register_script(HOLD_SCRIPT)
         self._ttl = round(config.lease_ttl * 1e6)
         self._token_prefix = uuid.uuid4().hex[:12]
         self._tokens = itertools.count(1)
@@ -280,17 +131,18 @@ class SharedState:
         self._leases: dict[Request, tuple[str | None, tuple[ScopeID, ...]]] = {}
         #: Whether Redis answers (else: in-process fallback limits).
         self.sharing = True
-        self._warned_at: float | None = None
-        self._retry_at = 0.0
-        self._retry_delay = RECONNECT_MIN_DELAY
+        self._reconnection = Reconnection(clock)
         #: Round trips to Redis (also the ``throttling/shared_state/command_count``
         #: stat).
         self.commands = 0
 
     @classmethod
-    def from_crawler(cls, crawler: Crawler) -> SharedState | None:
+    def from_crawler(
+        cls, crawler: Crawler, *, clock: Callable[[], float] = time.monotonic
+    ) -> SharedState | None:
         """The shared state of *crawler*, connected; ``None`` when
-        :setting:`THROTTLING_STATE_URL` is not set.
+        :setting:`THROTTLING_STATE_URL` is not set. *clock* is the one the
+        manager reads (it times the reconnection backoff).
 
         :raises SharedStateUnavailableError: when Redis cannot be reached.
         """
@@ -304,7 +156,7 @@ class SharedState:
         try:
             from scrapy.utils.asyncio import call_later
 
-            state = cls(config, stats=crawler.stats, schedule=call_later)
+            state = cls(config, clock=clock, stats=crawler.stats, schedule=call_later)
             state.ping()
         except SharedStateUnavailableError as exc:
             report_invalid_setting(exc)
@@ -348,9 +200,8 @@ class SharedState:
         """
         self.drop_pending()
         if not self.sharing and not self._reconnect():
-            return self._fallback_check(scopes)
-        releases = self._releases
-        self._releases = []
+            return fallback_check(scopes, self.config.processes)
+        releases = self._releases.take()
         keys = [key for key, _ in releases]
         args: list[Any] = [token := self._new_token(), self._ttl, len(releases)]
         args += (released for _, released in releases)
@@ -366,8 +217,8 @@ class SharedState:
             )
         try:
             status, wait = self._call(self._acquire, keys, args)
-        except _RedisFailure:
-            return self._fallback_check(scopes)
+        except RedisFailure:
+            return fallback_check(scopes, self.config.processes)
         if status == 1:
             self._pending = (tuple(scope for scope, *_ in scopes), token)
             return 0.0, None
@@ -378,15 +229,6 @@ class SharedState:
         if in_flight:
             return 0.0, scope_id
         return RECHECK_INTERVAL, None
-
-    def _fallback_check(
-        self, scopes: Sequence[ScopeCheck]
-    ) -> tuple[float, ScopeID | None]:
-        processes = self.config.processes
-        for scope_id, limit, in_flight, _ in scopes:
-            if limit is not None and in_flight >= max(1, limit // processes):
-                return 0.0, scope_id
-        return 0.0, None
 
     def claim(self, request: Request, scope_ids: Sequence[ScopeID]) -> None:
         """Tie the lease of the last check to *request*, just reserved.
@@ -408,7 +250,7 @@ class SharedState:
             token = self._new_token()
             try:
                 self._lease_in_flight([(token, scopes)])
-            except _RedisFailure:
+            except RedisFailure:
                 token = None
         self._leases[request] = (token, scopes)
 
@@ -429,26 +271,17 @@ class SharedState:
     def _free(self, scopes: Sequence[ScopeID], token: str) -> None:
         if not self.sharing:
             return  # it expires with its TTL
-        self._releases.extend(
-            (self._key("lease", scope_id), token) for scope_id in scopes
+        self._releases.add(
+            [(self._key("lease", scope_id), token) for scope_id in scopes]
         )
-        if self._schedule is None:
-            self.flush_releases()
-        elif self._flush_call is None:
-            self._flush_call = self._schedule(RELEASE_BATCH_DELAY, self._on_flush_timer)
-
-    def _on_flush_timer(self) -> None:
-        self._flush_call = None
-        self.flush_releases()
 
     def flush_releases(self) -> None:
         """Send the releases not sent yet."""
-        releases = self._releases
-        if not releases or not self.sharing:
+        if not self._releases.pending or not self.sharing:
             return
-        self._releases = []
+        releases = self._releases.take()
         keys = [key for key, _ in releases]
-        with suppress(_RedisFailure):
+        with suppress(RedisFailure):
             self._call(self._release, keys, [token for _, token in releases])
 
     def drop_pending(self) -> None:
@@ -467,7 +300,7 @@ class SharedState:
         if not self.sharing and not self._reconnect():
             return
         key = self._key("hold", scope_id)
-        with suppress(_RedisFailure):
+        with suppress(RedisFailure):
             self._call(self._hold, [key], [round(seconds * 1e6)])
 
     def close(self) -> None:
@@ -476,46 +309,36 @@ class SharedState:
         for request in list(self._leases):
             self.release(request)
         self.flush_releases()
-        if self._flush_call is not None:
-            with suppress(Exception):
-                self._flush_call.cancel()
-            self._flush_call = None
+        self._releases.cancel()
         with suppress(Exception):
             self._client.close()
 
     # -- faults -----------------------------------------------------------
 
-    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+    def _count_command(self) -> None:
         self.commands += 1
         if self._stats is not None:
             self._stats.inc_value("throttling/shared_state/command_count")
+
+    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        self._count_command()
         try:
             return script(keys=keys, args=args)
         except Exception as exc:
-            if not _is_redis_error(exc):
+            if not is_redis_error(exc):
                 raise
             self._lost(exc)
-            raise _RedisFailure from exc
+            raise RedisFailure from exc
 
     def _lost(self, error: BaseException) -> None:
         # Releases not sent: their leases expire with their TTL.
-        self._releases = []
+        self._releases.take()
         if self.sharing:
             self.sharing = False
-            self._retry_delay = RECONNECT_MIN_DELAY
             if self._stats is not None:
                 self._stats.inc_value("throttling/shared_state/fallback_count")
-            # One warning per outage, but not a flood when a Redis that
-            # answers PING fails every script (e.g. a key of another type
-            # under the prefix): further losses within a minute are INFO.
-            now = self._clock()
-            level = logging.WARNING
-            if self._warned_at is not None and now - self._warned_at < 60.0:
-                level = logging.INFO
-            else:
-                self._warned_at = now
             logger.log(
-                level,
+                self._reconnection.lost(),
                 "Lost the shared throttling state at %s (THROTTLING_STATE_URL): "
                 "%s: %s. Falling back to in-process limits (each scope's limit "
                 "divided by THROTTLING_STATE_PROCESSES = %d) until Redis answers "
@@ -525,24 +348,20 @@ class SharedState:
                 error,
                 self.config.processes,
             )
-        self._retry_at = self._clock() + self._retry_delay
-        self._retry_delay = min(self._retry_delay * 2, RECONNECT_MAX_DELAY)
+        self._reconnection.failed()
 
     def _reconnect(self) -> bool:
         """Try Redis again if the backoff allows; lease again what is in
         flight (Redis may have restarted empty). Whether sharing resumed."""
-        if self._clock() < self._retry_at:
+        if not self._reconnection.due():
             return False
-        self.commands += 1
-        if self._stats is not None:
-            self._stats.inc_value("throttling/shared_state/command_count")
+        self._count_command()
         try:
             self._client.ping()
         except Exception as exc:
-            if not _is_redis_error(exc):
+            if not is_redis_error(exc):
                 raise
-            self._retry_at = self._clock() + self._retry_delay
-            self._retry_delay = min(self._retry_delay * 2, RECONNECT_MAX_DELAY)
+            self._reconnection.failed()
             return False
         self.sharing = True
         in_flight = []
@@ -554,7 +373,7 @@ class SharedState:
             in_flight.append((token, scopes))
         try:
             self._lease_in_flight(in_flight)
-        except _RedisFailure:
+        except RedisFailure:
             return False
         if self._stats is not None:
             self._stats.inc_value("throttling/shared_state/reconnect_count")
@@ -580,53 +399,12 @@ class SharedState:
         return f"{self._token_prefix}:{next(self._tokens)}"
 
 
-class _RedisFailure(Exception):
-    """A Redis call failed; the fallback is on."""
-
-
-def _is_redis_error(error: BaseException) -> bool:
-    from redis.exceptions import RedisError
-
-    return isinstance(error, RedisError | OSError)
-
-
-def _client(url: str) -> Any:
-    try:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-    except ImportError:
-        raise SharedStateUnavailableError(
-            f"THROTTLING_STATE_URL is set ({redact_url(url)!r}) but the redis "
-            "package is not installed: pip install 'scrapy-adaptive-throttle[redis]'"
-        ) from None
-    # No retries inside the client: calls block the reactor, and a lost
-    # server is handled by the fallback, which retries with backoff. One
-    # connection, no pool: every call comes from the reactor thread, and
-    # the pool's bookkeeping cost about a third of each call (measured:
-    # 30 vs 48 us per trivial EVALSHA on a local server).
-    try:
-        return _connect(redis, url, Retry(NoBackoff(), 0))
-    except Exception as exc:
-        raise unreachable(url, exc) from None
-
-
-def unreachable(url: str, error: BaseException) -> SharedStateUnavailableError:
-    """The start-up error of a Redis that *url* names and that fails."""
-    return SharedStateUnavailableError(
-        f"THROTTLING_STATE_URL {redact_url(url)!r}: cannot reach Redis "
-        f"({type(error).__name__}: {error})"
-    )
-
-
-def _connect(redis: Any, url: str, retry: Any) -> Any:
-    # The single-connection client connects here.
-    return redis.Redis.from_url(
-        url,
-        single_connection_client=True,
-        socket_timeout=SOCKET_TIMEOUT,
-        socket_connect_timeout=SOCKET_TIMEOUT,
-        retry=retry,
-        retry_on_timeout=False,
-        health_check_interval=0,
-    )
+def fallback_check(
+    scopes: Sequence[ScopeCheck], processes: int
+) -> tuple[float, ScopeID | None]:
+    """``(wait, blocked)`` without Redis: each process keeps to its share of
+    each scope's limit (the limit divided by *processes*, at least 1)."""
+    for scope_id, limit, in_flight, _ in scopes:
+        if limit is not None and in_flight >= max(1, limit // processes):
+            return 0.0, scope_id
+    return 0.0, None

@@ -36,6 +36,14 @@ from ._containment import (
     report,
     take_failure,
 )
+from ._meta_keys import (
+    DELAY_DEADLINE_META_KEY,
+    DELAY_META_KEY,
+    DELAYED_META_KEY,
+    DONT_REDIRECT_META_KEY,
+    DOWNLOAD_LATENCY_META_KEY,
+    SLOT_STAMP_META_KEY,
+)
 from ._queue_gate import (
     missing_manager_methods,
     queue_gate,
@@ -51,14 +59,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Meta key removed before every download so that a ``download_latency``
-#: copied from another request (retries, redirects) is never read as ours.
-_LATENCY_META_KEY = "download_latency"
-#: The same keys as ``_manager``'s ``SLOT_STAMP_META_KEY``,
-#: ``DELAYED_META_KEY`` and ``DELAY_DEADLINE_META_KEY``.
-_SLOT_STAMP_META_KEY = "_throttling_slot_stamp"
-_DELAYED_META_KEY = "_throttling_delayed"
-_DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
 #: The statuses RedirectMiddleware follows with the Location header.
 _REDIRECT_CODES = frozenset({301, 302, 303, 307, 308})
 
@@ -300,7 +300,7 @@ class ThrottlingDownloader(Downloader):
     def get_slot_key(self, request: Request) -> str:
         meta = request.meta
         slot = meta.get(self.DOWNLOAD_SLOT)
-        if slot is not None and slot != meta.get(_SLOT_STAMP_META_KEY):
+        if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
             # Another component's slot (scrapy-zyte-api, a proxy rotation
             # plugin) stays what it is, as with Scrapy's own downloader:
             # those plugins read it back and would otherwise prefix it again
@@ -309,7 +309,7 @@ class ThrottlingDownloader(Downloader):
         key = self._slot_key(request)
         # Remember what we stamp into download_slot, so that a retried or
         # redirected copy is not taken for a slot set by another component.
-        meta[_SLOT_STAMP_META_KEY] = key
+        meta[SLOT_STAMP_META_KEY] = key
         return key
 
     def fetch(self, request: Request, spider: Spider | None = None) -> Deferred[Any]:
@@ -402,7 +402,9 @@ class ThrottlingDownloaderMiddleware:
         failure = take_failure(request)
         if failure is not None:  # reported when the scheduler queue popped it
             raise failure
-        request.meta.pop(_LATENCY_META_KEY, None)
+        # A download_latency copied from another request (a retry, a redirect)
+        # must never be read as this download's.
+        request.meta.pop(DOWNLOAD_LATENCY_META_KEY, None)
         try:
             await self.throttler.acquire(request)
         except IgnoreRequest:
@@ -467,16 +469,16 @@ class ThrottlingDownloaderMiddleware:
             self._redirect_max_delay <= 0
             or response.status not in _REDIRECT_CODES
             or b"Location" not in response.headers
-            or request.meta.get("dont_redirect")
+            or request.meta.get(DONT_REDIRECT_META_KEY)
         ):
             return
         delay = parse_retry_after(response.headers.get(b"Retry-After"), time.time())
         if not delay:
             return
         meta = request.meta
-        meta["throttling_delay"] = min(delay, self._redirect_max_delay)
-        meta.pop(_DELAYED_META_KEY, None)
-        meta.pop(_DELAY_DEADLINE_META_KEY, None)
+        meta[DELAY_META_KEY] = min(delay, self._redirect_max_delay)
+        meta.pop(DELAYED_META_KEY, None)
+        meta.pop(DELAY_DEADLINE_META_KEY, None)
 
     async def process_exception(self, request: Request, exception: Exception) -> None:
         if isinstance(exception, IgnoreRequest):

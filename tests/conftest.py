@@ -46,11 +46,12 @@ from typing import Any
 
 import pytest
 
-from bench.simhosts import SimHosts
+from simhosts import SimHosts
+from tests.fake_clock import FakeClock
 from tests.redis_server import INSTALL_HINT, RedisServer, find_redis_server
 from tests.spiders import BASE_SETTINGS, PagesSpider, run_crawl
 
-__all__ = ["BASE_SETTINGS", "PagesSpider", "run_crawl"]
+__all__ = ["BASE_SETTINGS", "FakeClock", "PagesSpider", "run_crawl"]
 
 SimHostsFactory = Callable[..., SimHosts]
 
@@ -60,7 +61,7 @@ def simhosts() -> Iterator[SimHostsFactory]:
     """Start simulated hosts: ``simhosts(*host_configs) -> SimHosts``.
 
     Each call starts one server process for the given hosts (see
-    :mod:`bench.simhosts` for the config keys); every server started by the
+    :mod:`simhosts` for the config keys); every server started by the
     test is stopped at teardown.
     """
     started: list[SimHosts] = []
@@ -73,6 +74,12 @@ def simhosts() -> Iterator[SimHostsFactory]:
     yield start
     for hosts in started:
         hosts.stop()
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A :class:`tests.fake_clock.FakeClock` at 0, to inject and advance."""
+    return FakeClock()
 
 
 def _started_redis_server() -> Iterator[RedisServer]:

@@ -64,7 +64,7 @@ from scrapy.http import Response
 from scrapy.spidermiddlewares.httperror import HttpError
 from twisted.python.failure import Failure
 
-#: Host configs for :class:`bench.simhosts.SimHosts`.
+#: Host configs for :class:`simhosts.SimHosts`.
 HOSTS: list[dict[str, Any]] = [
     {"name": "fast", "kind": "unlimited", "service_time": 0.01},
     {"name": "slow", "kind": "unlimited", "service_time": 0.15},

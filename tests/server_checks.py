@@ -1,7 +1,7 @@
 """Limits checked where they matter: at the simulated hosts' server.
 
 The simulated hosts record, for every request, its arrival and how long the
-server held it (``bench.simhosts``); these helpers rebuild from those records
+server held it (``simhosts``); these helpers rebuild from those records
 how many requests were in service at once, per host and across hosts.
 """
 

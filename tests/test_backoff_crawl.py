@@ -1,7 +1,7 @@
 """Real crawls: backoff on status codes and exceptions, holds, recovery,
 retries, delay_scope and the manager's extension points.
 
-Each test crawls the simulated hosts of :mod:`bench.simhosts` with the add-on
+Each test crawls the simulated hosts of :mod:`simhosts` with the add-on
 enabled and reads the arrivals the server recorded. Windows and delays are
 short (tenths of a second) to keep every test within a few seconds.
 """

@@ -23,17 +23,10 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import ThrottlingManager
+from tests.fake_clock import FakeClock
 
 SCOPE = "example.com"
 URL = f"https://{SCOPE}/page"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_manager(**settings: Any) -> tuple[ThrottlingManager, FakeClock]:

@@ -1,7 +1,7 @@
 """Real crawls: per-scope concurrency and delay, several scopes, no head-of-line
 blocking, prompt sends, redirects, per-request delays.
 
-Each test crawls the simulated hosts of :mod:`bench.simhosts` with the add-on
+Each test crawls the simulated hosts of :mod:`simhosts` with the add-on
 enabled; the server records every arrival and how many requests it was
 holding at that moment, which is what the assertions read.
 """

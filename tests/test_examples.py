@@ -12,7 +12,7 @@ What is simulated, and how: the chapter's host names (``books.toscrape.com``,
 ``api.toscrape.com``...) are kept in the request URLs, so scopes are derived
 from them exactly as in a real crawl, but every request goes through the
 ``proxy`` request meta key to one local simulated host
-(:mod:`bench.simhosts`): Scrapy sends plain-HTTP requests to a proxy with the
+(:mod:`simhosts`): Scrapy sends plain-HTTP requests to a proxy with the
 absolute URL and never resolves the host name, and the simulated host
 records each arrival with that URL, when it came and how long it was served.
 The per-scope limits are read from those records (requests in service at

@@ -17,17 +17,10 @@ from scrapy_adaptive_throttle import LatencyScopeManager, ThrottlingManager
 from scrapy_adaptive_throttle._decisions import DecisionLog
 from scrapy_adaptive_throttle._diagnostics import ThrottlingDiagnostics
 from scrapy_adaptive_throttle._explain import Explanation, ScopeExplanation
+from tests.fake_clock import FakeClock
 
 SCOPE = "example.com"
 URL = f"https://{SCOPE}/page"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_manager(**settings: Any) -> tuple[ThrottlingManager, FakeClock]:

@@ -1,6 +1,6 @@
 """Real crawls with the latency-aware scope manager (the add-on's default).
 
-The simulated hosts of :mod:`bench.simhosts` are the guide's, twice as
+The simulated hosts of :mod:`simhosts` are the guide's, twice as
 slow: a large host (8 workers x 40 ms) and a small one (2 workers x 100
 ms), each answering 503 when its queue is full. Crawled together, each must
 settle at its own limit, without a single 503. Margins are generous: this

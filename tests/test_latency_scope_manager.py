@@ -31,18 +31,11 @@ from scrapy_adaptive_throttle import (
 )
 from scrapy_adaptive_throttle._diagnostics import ThrottlingDiagnostics, format_state
 from scrapy_adaptive_throttle._settings import ThrottlingSettings
+from tests.fake_clock import FakeClock
 from tests.latency_host_model import CrawlResult, SimulatedHost, mean, simulate
 
 LATENCY_MANAGER = "scrapy_adaptive_throttle.LatencyScopeManager"
 SCOPE = "example.com"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_manager(**settings: Any) -> tuple[ThrottlingManager, FakeClock]:

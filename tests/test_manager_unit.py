@@ -15,14 +15,7 @@ from scrapy_adaptive_throttle import (
     iter_scopes,
     update_scope_backoff,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import FakeClock
 
 
 def scope_manager(
@@ -37,7 +30,7 @@ def scope_manager(
 def manager(**settings: Any) -> tuple[ThrottlingManager, FakeClock]:
     crawler = get_crawler(settings_dict={"DOWNLOAD_DELAY_JITTER": 0, **settings})
     throttler = ThrottlingManager(crawler)
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     throttler.clock = clock
     return throttler, clock
 

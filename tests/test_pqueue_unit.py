@@ -10,20 +10,13 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import ThrottlingAwarePriorityQueue
 from scrapy_adaptive_throttle._wiring import get_throttler
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import FakeClock
 
 
 def make_queue(**settings: Any) -> tuple[ThrottlingAwarePriorityQueue, Any, FakeClock]:
     crawler = get_crawler(settings_dict={"DOWNLOAD_DELAY_JITTER": 0, **settings})
     throttler = get_throttler(crawler)
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     throttler.clock = clock
     queue = ThrottlingAwarePriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
     queue._clock = clock

@@ -16,16 +16,9 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import ThrottlingAwarePriorityQueue, update_scope_backoff
 from scrapy_adaptive_throttle._wiring import get_throttler
+from tests.fake_clock import FakeClock
 
 QUOTA_SCOPES = {"api": {"quota": 10.0, "window": 60.0}}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_throttler(**settings: Any) -> Any:
@@ -37,7 +30,7 @@ def make_throttler(**settings: Any) -> Any:
         }
     )
     throttler = get_throttler(crawler)
-    throttler.clock = FakeClock()
+    throttler.clock = FakeClock(1000.0)
     return throttler
 
 

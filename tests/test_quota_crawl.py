@@ -1,4 +1,4 @@
-"""Quotas in real crawls against the simulated hosts of :mod:`bench.simhosts`.
+"""Quotas in real crawls against the simulated hosts of :mod:`simhosts`.
 
 Requests carry their expected consumption in the ``throttling_scopes`` meta
 key (``{"api": amount}``); the server's arrival records show how much went

@@ -1,4 +1,4 @@
-"""Rampup in real crawls against the simulated hosts of :mod:`bench.simhosts`.
+"""Rampup in real crawls against the simulated hosts of :mod:`simhosts`.
 
 The windows are short (:setting:`BACKOFF_WINDOW` of a fraction of a second)
 so that several rampup steps fit in a test of a few seconds; the server's

@@ -25,15 +25,8 @@ from scrapy_adaptive_throttle._shared_state import (
     SharedStateUnavailableError,
     redact_url,
 )
+from tests.fake_clock import FakeClock
 from tests.redis_server import RedisServer
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_state(
@@ -158,7 +151,7 @@ def test_every_key_expires(redis_server, prefix):
 
 
 def test_fallback_when_redis_is_lost_and_recovery(own_redis_server, prefix, caplog):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     state = make_state(own_redis_server, prefix, processes=2, clock=clock)
     first = send(state, "host", 4)[2]
     assert first is not None
@@ -189,7 +182,7 @@ def test_fallback_when_redis_is_lost_and_recovery(own_redis_server, prefix, capl
 
 
 def test_reconnection_backs_off(own_redis_server, prefix):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     state = make_state(own_redis_server, prefix, clock=clock)
     own_redis_server.stop()
     state.hold("host", 1.0)  # lost here
@@ -355,7 +348,7 @@ def test_a_script_that_keeps_failing_warns_once_a_minute(redis_server, prefix, c
     """A Redis that answers PING but fails every script (here: a key of
     another type under the prefix) falls back each time, without a warning
     flood; the crawl goes on with the fallback limits."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     state = make_state(redis_server, prefix, clock=clock)
     redis_server.client().set(state.lease_key("host"), "not a sorted set")
     with caplog.at_level(logging.INFO, "scrapy_adaptive_throttle._shared_state"):

@@ -1,4 +1,4 @@
-"""Tests of the simulated hosts server (bench/simhosts.py) and the crawl fixture."""
+"""Tests of the simulated hosts server (simhosts/) and the crawl fixture."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from bench.run import (
     throughput_series,
     windowed_counts,
 )
-from bench.simhosts import SimHosts, draw_service, validate_host_config
+from simhosts import SimHosts, draw_service, validate_host_config
 from tests.spiders import PagesSpider, run_crawl
 
 

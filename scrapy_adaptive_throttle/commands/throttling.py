@@ -19,8 +19,8 @@ from scrapy.exceptions import UsageError
 from scrapy.statscollectors import DummyStatsCollector
 from scrapy.utils.misc import build_from_crawler
 
+from .._scopes import iter_scope_values
 from .._settings import ThrottlingSettings
-from .._types import iter_scope_values
 
 if TYPE_CHECKING:
     import argparse

@@ -1,7 +1,7 @@
 """LearnedRate: the pace of a rate-limited scope, learned from its 429s.
 
 Pure tests with a fake clock, and a simulated API (a sliding one-second
-window of ``rate`` requests, as ``bench/simhosts.py``'s ``ratelimit`` kind)
+window of ``rate`` requests, as ``simhosts/``'s ``ratelimit`` kind)
 paced by the learned interval, so the figures of issue 9 (at least 0.95 of
 the rate once converged, at most one refusal per 10 s) are pinned without a
 crawl.
