@@ -21,7 +21,6 @@ import heapq
 import json
 import logging
 import pickle
-import time
 from collections import deque
 from contextlib import suppress
 from pathlib import Path
@@ -37,10 +36,10 @@ from ._containment import (
     host_scope,
     report,
 )
-from ._manager import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
+from ._crawler_throttler import get_throttler
+from ._meta_keys import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
 from ._queue_gate import queue_gate
 from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope_values
-from ._wiring import get_throttler
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
@@ -199,7 +198,6 @@ class ThrottlingAwarePriorityQueue:
         self.downstream_queue_cls = downstream_queue_cls
         self.key = key
         self._start_queue_cls = start_queue_cls
-        self._clock = time.monotonic
         self._entries: dict[str, _Entry] = {}
         # Queues that may be sendable: a FIFO per priority (appending with an
         # increasing sequence number keeps each FIFO in round-robin order), and
@@ -219,6 +217,9 @@ class ThrottlingAwarePriorityQueue:
         # The manager itself when it is the plugin's (its bound methods: no
         # adapter on the hot path), else an adapter built from the protocol.
         self.gate: QueueGate = queue_gate(crawler, self.throttler)
+        # The manager's clocks: its scopes and this queue agree on "now".
+        self._clock = self.gate.clock
+        self._wall_clock = self.gate.wall_clock
         self._check = self.gate.check_scopes
         self._reserve = self.gate.reserve_scopes
         self._resolve_now = self.gate.resolve_scopes_now
@@ -339,7 +340,7 @@ class ThrottlingAwarePriorityQueue:
         # Held in memory; at close it goes to its queue with its wall-clock
         # deadline, which pop() honours after a resume.
         self._seq += 1
-        heapq.heappush(self._delayed, (time.time() + delay, self._seq, request))
+        heapq.heappush(self._delayed, (self._wall_clock() + delay, self._seq, request))
         self._size += 1
         self._arm_wakeup(self._clock() + delay)
         return True
@@ -590,7 +591,7 @@ class ThrottlingAwarePriorityQueue:
                 self._make_ready(entry)
 
     def _promote_delayed(self) -> None:
-        wall = time.time()
+        wall = self._wall_clock()
         delayed = self._delayed
         while delayed and delayed[0][0] <= wall:
             _, _, request = heapq.heappop(delayed)
@@ -605,7 +606,9 @@ class ThrottlingAwarePriorityQueue:
         if self._timed:
             at = self._timed[0][0]
         if self._delayed:
-            at = min(at, self._clock() + max(0.0, self._delayed[0][0] - time.time()))
+            at = min(
+                at, self._clock() + max(0.0, self._delayed[0][0] - self._wall_clock())
+            )
         if at != float("inf"):
             self._arm_wakeup(at)
 
