@@ -4,7 +4,7 @@ The registry builds each scope manager from the scope's settings (the class
 of its :setting:`THROTTLING_SCOPES` entry, of its kind, or
 :setting:`THROTTLING_SCOPE_MANAGER`), wraps it once in a
 :class:`~scrapy_adaptive_throttle._scope_adapter.ScopeAdapter`, and bounds
-how many it keeps: :setting:`THROTTLING_MAX_SCOPES` (least recently used
+how many it keeps: :setting:`THROTTLING_SCOPE_LIMIT` (least recently used
 idle scopes go first) and :setting:`THROTTLING_SCOPE_MAX_IDLE`.
 """
 
