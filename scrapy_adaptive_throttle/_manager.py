@@ -42,6 +42,7 @@ from ._scope_resolver import (
     ScopeResolver,
     is_robots_request,
     request_netloc,
+    resolve_without_waiting,
     sent_scope_values,
     slot_key,
 )
@@ -211,16 +212,7 @@ class ThrottlingManager:
             scopes = validate_scopes(self.get_request_scopes(request), request)
             request.meta[RESOLVED_SCOPES_META_KEY] = scopes
             return scopes
-        coroutine = self.get_scopes(request)
-        try:
-            coroutine.send(None)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        # It suspended on a real await: resolve again, asynchronously.
-        coroutine.close()
-        from scrapy.utils.defer import deferred_from_coro
-
-        return deferred_from_coro(self.get_scopes(request))
+        return resolve_without_waiting(self.get_scopes, request)
 
     def _sent_scope_values(self, request: Request) -> ScopeValues:
         return sent_scope_values(
@@ -238,16 +230,14 @@ class ThrottlingManager:
         """Return the scope manager of *scope_id*, creating it if needed."""
         return self._registry.get(scope_id).manager
 
-    # -- readiness and reservations (the scheduler queue's gate) --------------
+    # -- the scheduler queue's gate (QueueGate, see _queue_gate.py) ----------
 
     def add_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
         """Call *listener* with the scope id whenever a slot of it is freed."""
         self._gate.release_listeners.append(listener)
 
     def remove_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
-        """Stop calling *listener*."""
-        if listener in self._gate.release_listeners:
-            self._gate.release_listeners.remove(listener)
+        _discard(self._gate.release_listeners, listener)
 
     def add_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
         """Call *listener* with the scope id whenever a time gate of it opened
@@ -255,9 +245,7 @@ class ThrottlingManager:
         self._gate.timer_listeners.append(listener)
 
     def remove_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
-        """Stop calling *listener*."""
-        if listener in self._gate.timer_listeners:
-            self._gate.timer_listeners.remove(listener)
+        _discard(self._gate.timer_listeners, listener)
 
     def refund_cached(self, request: Request) -> None:
         """*request* was answered from Scrapy's HTTP cache: give its send back.
@@ -277,22 +265,15 @@ class ThrottlingManager:
     def check_scopes(
         self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
-        """Return ``(wait, blocked)`` for a request with these scopes.
-
-        *wait* is the time until every time gate is open; *blocked* the first
-        scope at its concurrency limit, or ``None``. *head* (the request, if
-        the caller has it) is not needed here.
-        """
+        """``(wait, blocked)``: the time until every time gate is open, and the
+        first scope at its concurrency limit (*head* is not needed here)."""
         return self._gate.check_scopes(scope_values, now)
 
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
     ) -> None:
-        """Record *request* as sent on each of its scopes.
-
-        All or nothing: if a scope manager fails, the scopes already recorded
-        are released again and the error is raised.
-        """
+        """Record *request* as sent on each of its scopes, all or nothing (a
+        scope manager's error releases the scopes already recorded)."""
         self._gate.reserve_scopes(request, scope_values, now)
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
@@ -614,3 +595,8 @@ class ThrottlingManager:
         from ._explain import explain
 
         return explain(self, request_or_scope)
+
+
+def _discard(listeners: list[Callable[[ScopeID], None]], listener: object) -> None:
+    if listener in listeners:
+        listeners.remove(listener)

@@ -10,10 +10,11 @@ recognised here too, since they are never throttled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from scrapy.resolver import dnscache
+from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
 from ._algorithms.response_policy import MAX_REQUEST_DELAY, request_delay_seconds
@@ -23,12 +24,21 @@ from ._types import RESOLVED_SCOPES_META_KEY, iter_scope_values, iter_scopes
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
+    from twisted.internet.defer import Deferred
 
     from ._scope_gate import Reservation, ScopeValues
     from ._settings import ThrottlingSettings
     from ._types import RequestScopes
 
-__all__ = ["RequestDelay", "ScopeResolver", "is_robots_request"]
+__all__ = [
+    "RequestDelay",
+    "ScopeResolver",
+    "is_robots_request",
+    "request_netloc",
+    "resolve_without_waiting",
+    "sent_scope_values",
+    "slot_key",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +87,25 @@ class ScopeResolver:
                 self.config.add_slot_scope(slot)
                 return [netloc, ip, slot] if ip else [netloc, slot]
         return [netloc, ip] if ip else netloc
+
+
+def resolve_without_waiting(
+    get_scopes: Callable[[Request], Coroutine[Any, Any, RequestScopes]],
+    request: Request,
+) -> RequestScopes | Deferred[RequestScopes]:
+    """The result of ``get_scopes(request)`` at once when the coroutine does
+    not really await (the scheduler queue's ``push`` is synchronous), else a
+    Deferred of it (e.g. a DNS lookup)."""
+    coroutine = get_scopes(request)
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        scopes: RequestScopes = stop.value
+        return scopes
+    # It suspended on a real await: resolve again, asynchronously.
+    coroutine.close()
+    deferred: Deferred[RequestScopes] = deferred_from_coro(get_scopes(request))
+    return deferred
 
 
 def sent_scope_values(
