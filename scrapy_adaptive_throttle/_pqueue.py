@@ -20,6 +20,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from twisted.internet.defer import Deferred
+
 from ._containment import (
     component_of,
     fail_request,
@@ -174,7 +176,7 @@ class ThrottlingAwarePriorityQueue:
             resolved: Any = self._resolve_now(request)
         except Exception as exc:
             resolved = self._host_scope(request, exc)
-        if not hasattr(resolved, "addCallback"):
+        if not isinstance(resolved, Deferred):
             self._push_resolved(request, resolved)
             return
         if self.key:
@@ -399,7 +401,7 @@ class ThrottlingAwarePriorityQueue:
             self._size -= 1
             try:
                 resolved: Any = self._resolve_now(request)
-                if hasattr(resolved, "addCallback"):
+                if isinstance(resolved, Deferred):
                     resolved.cancel()
                     resolved = host_scope(request)
                     request.meta[RESOLVED_SCOPES_META_KEY] = resolved
