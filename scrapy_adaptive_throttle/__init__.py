@@ -4,6 +4,8 @@ host's latency."""
 
 from ._addon import Addon
 from ._containment import ThrottlingComponentError
+from ._downloader import ThrottlingDownloader
+from ._downloader_middleware import ThrottlingDownloaderMiddleware
 from ._explain import Explanation, ScopeExplanation
 from ._latency_scope_manager import LatencyScopeManager
 from ._manager import ThrottlingManager
@@ -23,7 +25,6 @@ from ._scopes import (
     scope_cache,
     update_scope_backoff,
 )
-from ._wiring import ThrottlingDownloader, ThrottlingDownloaderMiddleware
 
 __all__ = [
     "Addon",

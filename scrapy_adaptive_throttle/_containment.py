@@ -76,7 +76,7 @@ _failed: weakref.WeakKeyDictionary[Request, ThrottlingComponentError] = (
 def component_of(error: BaseException, default: str) -> str:
     """The component named by *error* (a :class:`ScopeManagerError`), else
     *default*."""
-    return getattr(error, "component", None) or default
+    return error.component if isinstance(error, ScopeManagerError) else default
 
 
 def report(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
+    from ._scope_adapter import ScopeAdapter
     from ._types import ScopeID
 
 __all__ = [
@@ -191,7 +192,7 @@ def last_backoff_cause(manager: Any) -> str | None:
 def record_backoff_decision(  # noqa: PLR0917 (the call sites read as a sentence)
     crawler: Crawler,
     scope_id: ScopeID,
-    manager: Any,
+    scope: ScopeAdapter,
     hold: float | None,
     cause: str,
     now: float,
@@ -201,11 +202,10 @@ def record_backoff_decision(  # noqa: PLR0917 (the call sites read as a sentence
     """Remember and (with *debug*) log a backoff trigger applied to a scope."""
     header = hold_header(_RESPONSE.get()) if hold is not None else None
     with suppress(TypeError):  # a scope manager that is not weak-referenceable
-        _CAUSES[manager] = f"{cause}, {header}" if header else cause
+        _CAUSES[scope.manager] = f"{cause}, {header}" if header else cause
     if not debug:
         return
-    get_state = getattr(manager, "get_state", None)
-    state: dict[str, Any] = dict(get_state(now)) if get_state is not None else {}
+    state = scope.get_state(now)
     if hold is not None:
         log_decision(
             crawler,

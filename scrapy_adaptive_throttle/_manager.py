@@ -1,63 +1,66 @@
-"""The throttling manager: requests → scopes → scope managers.
+"""The throttling manager: requests -> scopes -> scope managers.
 
-It owns the scope managers (creation, LRU and idle eviction), gates requests
-that do not come through the throttling-aware scheduler, turns responses and
-download exceptions into backoff, and merges robots.txt Crawl-delay.
+A thin facade, reachable as ``crawler.throttler``, over the objects that own
+the state: the scope resolver (``_scope_resolver.py``), the registry of
+scope managers (``_scope_registry.py``, through the adapter of
+``_scope_adapter.py``), the gate (``_scope_gate.py``), the backoff triggers
+(``_backoff_triggers.py``), the robots.txt Crawl-delays
+(``_robots_crawl_delay.py``) and the pure response policy
+(``_algorithms/response_policy.py``). See :doc:`/architecture`.
 """
 
 from __future__ import annotations
 
-import difflib
-import inspect
-import itertools
 import logging
 import math
 import time
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from contextlib import suppress
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest
-from scrapy.resolver import dnscache
-from scrapy.utils.asyncio import call_later, sleep
-from scrapy.utils.defer import maybe_deferred_to_future
-from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.asyncio import sleep
 from scrapy.utils.python import global_object_name
 from twisted.internet.defer import Deferred
 
-from ._algorithms import (
-    parse_ratelimit,
-    parse_ratelimit_remaining,
-    parse_ratelimit_reset,
-    parse_retry_after,
+from ._algorithms.response_policy import (
+    MAX_REQUEST_DELAY,
+    decide_response_backoff,
+    exhausted_quota_delay,
+    exhausted_ratelimit_delay,
+    response_delay,
 )
-from ._containment import ScopeManagerError, report, validate_scopes
-from ._decisions import record_backoff_decision, responding
+from ._backoff_triggers import BackoffTriggers
+from ._containment import validate_scopes
+from ._decisions import responding
 from ._meta_keys import (
     DELAY_DEADLINE_META_KEY,
-    DELAY_META_KEY,
     DELAYED_META_KEY,
-    DONT_OBEY_ROBOTSTXT_META_KEY,
     DOWNLOAD_LATENCY_META_KEY,
-    DOWNLOAD_SLOT_META_KEY,
-    SCOPES_META_KEY,
     SLOT_STAMP_META_KEY,
+)
+from ._robots_crawl_delay import CrawlDelays
+from ._scope_gate import CLOSE_CHECK_INTERVAL, Reservation, ScopeGate, ScopeValues
+from ._scope_registry import ScopeManagers, ScopeRegistry
+from ._scope_resolver import (
+    RequestDelay,
+    ScopeResolver,
+    is_robots_request,
+    request_netloc,
+    resolve_without_waiting,
+    sent_scope_values,
+    slot_key,
 )
 from ._settings import ThrottlingSettings
 from ._shared_state import SharedState
 from ._types import (
     RESOLVED_SCOPES_META_KEY,
     BackoffData,
-    BackoffScopeData,
     RequestScopes,
     ScopeID,
+    ThrottlingScopeManagerProtocol,
     dont_track,
     iter_scope_values,
-    iter_scopes,
     scope_cache,
 )
 
@@ -69,37 +72,25 @@ if TYPE_CHECKING:
 
     from ._explain import Explanation
 
+__all__ = [
+    "DELAYED_META_KEY",
+    "DELAY_DEADLINE_META_KEY",
+    "MAX_REQUEST_DELAY",
+    "SLOT_STAMP_META_KEY",
+    "Reservation",
+    "ScopeValues",
+    "ThrottlingManager",
+    "is_robots_request",
+]
+
 logger = logging.getLogger(__name__)
 
-#: The longest throttling_delay honoured (one day): a longer one is taken for
-#: a mistake (milliseconds, or a timestamp) rather than held for ever.
-MAX_REQUEST_DELAY = 86400.0
-#: The longest a gate waiter sleeps before checking whether the crawl closes.
-_CLOSE_CHECK_INTERVAL = 1.0
-#: Scopes that back off on this status are the ones held by a successful
-#: response saying that the quota is used up: the next answer would be it.
-_RATE_LIMITED = 429
 #: The request whose response :meth:`ThrottlingManager.process_response` is
 #: handling, for responses that an overridden ``get_response_backoff`` builds
 #: without one (the reference chapter's "X-Upstream-Status-Code" example).
 _RESPONSE_REQUEST: ContextVar[Request | None] = ContextVar(
     "_RESPONSE_REQUEST", default=None
 )
-
-ScopeValues = list[tuple[ScopeID, "float | None"]]
-Reservation = list[tuple[ScopeID, Any]]
-
-
-def is_robots_request(request: Request) -> bool:
-    """Whether *request* is RobotsTxtMiddleware's own robots.txt download.
-
-    Those are never throttled: the request that triggered the download may
-    hold the scope's only slot while it waits for robots.txt (a deadlock),
-    and there is one per host and crawl.
-    """
-    return bool(request.meta.get(DONT_OBEY_ROBOTSTXT_META_KEY)) and (
-        urlparse_cached(request).path == "/robots.txt"
-    )
 
 
 class ThrottlingManager:
@@ -113,38 +104,46 @@ class ThrottlingManager:
     ``_queue_gate.py``: :meth:`resolve_scopes_now`, :meth:`check_scopes`,
     :meth:`reserve_scopes`, :meth:`release` and release listeners), so the
     queue calls it without an adapter.
+
+    :param clock: the monotonic clock of scope state, the gate and the
+        scheduler queue (:func:`time.monotonic` by default).
+    :param wall_clock: the wall clock of :reqmeta:`throttling_delay`
+        deadlines and HTTP dates (:func:`time.time` by default).
     """
 
     #: QueueGate: :meth:`check_scopes` needs scopes only, not the request.
     needs_head = False
 
-    def __init__(self, crawler: Crawler) -> None:
+    def __init__(
+        self,
+        crawler: Crawler,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.crawler = crawler
         self.config: ThrottlingSettings = ThrottlingSettings.from_crawler(crawler)
-        self.clock: Callable[[], float] = time.monotonic
-        self._scope_managers: OrderedDict[ScopeID, Any] = OrderedDict()
-        self._reserved: dict[Request, Reservation] = {}
-        #: When each reserved request was sent (on :attr:`clock`), for the
-        #: scopes that learn their pace from 429 answers.
-        self._reserved_at: dict[Request, float] = {}
-        self._release_listeners: list[Callable[[ScopeID], None]] = []
-        self._timer_listeners: list[Callable[[ScopeID], None]] = []
-        self._crawl_delays: dict[ScopeID, float] = {}
-        self._warned_robots: set[ScopeID] = set()
-        # Reserved requests to gate again (see _regate_reserved).
-        self._regate: weakref.WeakSet[Request] = weakref.WeakSet()
+        #: The state shared with other processes through Redis
+        #: (:setting:`THROTTLING_STATE_URL`), or ``None``.
+        self.shared: SharedState | None = SharedState.from_crawler(crawler)
+        self._resolver = ScopeResolver(self.config)
+        self._crawl_delays = CrawlDelays(self.config)
+        self._registry = ScopeRegistry(
+            crawler, self.config, clock, self._crawl_delays.reapply
+        )
+        self._gate = ScopeGate(crawler, self.config, self._registry, clock, self.shared)
+        self._backoff = BackoffTriggers(
+            crawler, self.config, self._registry, self.shared
+        )
+        self._request_delay = RequestDelay(
+            wall_clock, crawler.stats, debug=self.config.debug
+        )
+        self._clock = clock
+        self.wall_clock = wall_clock
         self._backoff_codes = self.config.common.http_codes.union(
             *(scope.http_codes for scope in self.config.scopes.values())
         )
-        # Set on the first look, so that the first eviction pass comes one
-        # half max-idle later: a scope configured before its first request
-        # (e.g. with set_scope_delay) must not be dropped as never used.
-        self._last_eviction: float | None = None
-        self._gate_waiting = 0
-        self._warned_waiting = False
-        self._warned_invalid_delay = False
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
-        self._stats = crawler.stats
         #: QueueGate: the quota of each configured quota scope.
         self.quotas: dict[ScopeID, float] = {
             scope_id: scope.quota
@@ -155,22 +154,35 @@ class ThrottlingManager:
             crawler.signals.connect(
                 self._on_robots_parsed, signal=signals.robots_parsed
             )
-        # THROTTLING_SCOPES keys that got a scope manager, i.e. matched a
-        # scope of some request: the others are named at close.
-        self._matched_configured: set[ScopeID] = set()
         if self.config.scopes_set:
             crawler.signals.connect(
-                self._warn_unmatched_scopes, signal=signals.spider_closed
+                self._registry.warn_unmatched, signal=signals.spider_closed
             )
-        #: The state shared with other processes through Redis
-        #: (:setting:`THROTTLING_STATE_URL`), or ``None``.
-        self.shared: SharedState | None = SharedState.from_crawler(crawler)
         if self.shared is not None:
             crawler.signals.connect(self.shared.close, signal=signals.spider_closed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The monotonic clock that scope state, the gate and the scheduler
+        queue read; tests replace it with a fake one."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._clock = self._registry.clock = self._gate.clock = clock
+
+    @property
+    def _scope_managers(self) -> ScopeManagers:
+        """The live scope managers by scope id, least recently used first."""
+        return ScopeManagers(self._registry.adapters)
+
+    @property
+    def _reserved(self) -> dict[Request, Reservation]:
+        return self._gate.reserved
 
     # -- scopes -------------------------------------------------------------
 
@@ -185,24 +197,7 @@ class ThrottlingManager:
         plugin's slot per proxy): an added scope, never a replacement, so
         the host's limits still apply (see :ref:`other-plugins`).
         """
-        meta = request.meta
-        scopes = meta.get(SCOPES_META_KEY)
-        if scopes is not None:
-            return scopes  # type: ignore[no-any-return]
-        parsed = urlparse_cached(request)
-        netloc = parsed.netloc.rpartition("@")[2].lower()
-        ip = None
-        if self.config.ip_concurrency > 0:
-            cached = dnscache.get(parsed.hostname or "")
-            if isinstance(cached, str) and cached not in (netloc, parsed.hostname):
-                ip = cached
-        slot = meta.get(DOWNLOAD_SLOT_META_KEY)
-        if slot is not None and slot != meta.get(SLOT_STAMP_META_KEY):
-            slot = str(slot)
-            if slot != netloc:
-                self.config.add_slot_scope(slot)
-                return [netloc, ip, slot] if ip else [netloc, slot]
-        return [netloc, ip] if ip else netloc
+        return self._resolver.request_scopes(request)
 
     @scope_cache
     async def get_scopes(self, request: Request) -> RequestScopes:
@@ -222,128 +217,40 @@ class ThrottlingManager:
             scopes = validate_scopes(self.get_request_scopes(request), request)
             request.meta[RESOLVED_SCOPES_META_KEY] = scopes
             return scopes
-        coroutine = self.get_scopes(request)
-        try:
-            coroutine.send(None)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        # It suspended on a real await: resolve again, asynchronously.
-        coroutine.close()
-        from scrapy.utils.defer import deferred_from_coro
-
-        return deferred_from_coro(self.get_scopes(request))
+        return resolve_without_waiting(self.get_scopes, request)
 
     def _sent_scope_values(self, request: Request) -> ScopeValues:
-        reservation = self._reserved.get(request)
-        if reservation:
-            amounts = dict(
-                iter_scope_values(request.meta.get(RESOLVED_SCOPES_META_KEY))
-            )
-            return [(scope, amounts.get(scope)) for scope, _ in reservation]
-        if RESOLVED_SCOPES_META_KEY in request.meta:
-            return list(iter_scope_values(request.meta[RESOLVED_SCOPES_META_KEY]))
-        return list(iter_scope_values(self.get_request_scopes(request)))
+        return sent_scope_values(
+            request, self._gate.reserved.get(request), self.get_request_scopes
+        )
 
     def get_slot_key(self, request: Request) -> str:
         """The scopes of *request* as one string (sorted ids joined by ``+``)."""
         scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)
         if scopes is None:
             scopes = self.get_request_scopes(request)
-        if isinstance(scopes, str):
-            return scopes
-        return "+".join(sorted(iter_scopes(scopes)))
+        return slot_key(scopes)
 
-    # -- scope managers --------------------------------------------------------
-
-    def get_scope_manager(self, scope_id: ScopeID) -> Any:
+    def get_scope_manager(self, scope_id: ScopeID) -> ThrottlingScopeManagerProtocol:
         """Return the scope manager of *scope_id*, creating it if needed."""
-        managers = self._scope_managers
-        manager = managers.get(scope_id)
-        if manager is not None:
-            managers.move_to_end(scope_id)
-            return manager
-        return self._create_scope_manager(scope_id)
+        return self._registry.get(scope_id).manager
 
-    def _create_scope_manager(self, scope_id: ScopeID) -> Any:
-        scope_config = self.config.scope(scope_id)
-        cls = scope_config.manager or self.config.scope_manager_cls
-        if scope_config.kind == "slot" and scope_config.manager is None:
-            # Another plugin's slot with no entry of its own: it limits
-            # nothing (the host scope does), so there is nothing to adapt.
-            from ._scope_manager import ThrottlingScopeManager
-
-            cls = ThrottlingScopeManager
-        config = dict(scope_config.raw)
-        config["id"] = scope_id
-        try:
-            if hasattr(cls, "from_crawler"):
-                manager = cls.from_crawler(self.crawler, config)
-            else:
-                manager = cls(self.crawler, config)
-        except Exception as exc:
-            raise ScopeManagerError(scope_id, cls, "from_crawler", exc) from exc
-        self._scope_managers[scope_id] = manager
-        if scope_id in self.config.scopes:
-            self._matched_configured.add(scope_id)
-        crawl_delay = self._crawl_delays.get(scope_id)
-        if crawl_delay is not None:
-            self._apply_crawl_delay(scope_id, manager, crawl_delay)
-        self._enforce_scope_limit(scope_id)
-        return manager
-
-    def _enforce_scope_limit(self, keep: ScopeID) -> None:
-        limit = self.config.scope_limit
-        managers = self._scope_managers
-        if not limit or len(managers) <= limit:
-            return
-        now = self.clock()
-        # Busy scopes are never evicted; they move to the back so that the
-        # next look starts with idle ones, and a bounded number of looks
-        # keeps creation O(1) even when many scopes are busy.
-        for _ in range(min(len(managers), 16)):
-            if len(managers) <= limit:
-                return
-            scope_id, manager = managers.popitem(last=False)
-            if scope_id != keep and _is_idle(manager, now, 0.0):
-                continue
-            managers[scope_id] = manager
-
-    def _maybe_evict(self, now: float) -> None:
-        max_idle = self.config.scope_max_idle
-        if max_idle <= 0:
-            return
-        if self._last_eviction is None:
-            self._last_eviction = now
-            return
-        if now - self._last_eviction < max_idle / 2:
-            return
-        self._last_eviction = now
-        idle = [
-            scope_id
-            for scope_id, manager in self._scope_managers.items()
-            if _is_idle(manager, now, max_idle)
-        ]
-        for scope_id in idle:
-            del self._scope_managers[scope_id]
+    # -- the scheduler queue's gate (QueueGate, see _queue_gate.py) ----------
 
     def add_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
         """Call *listener* with the scope id whenever a slot of it is freed."""
-        self._release_listeners.append(listener)
+        self._gate.release_listeners.append(listener)
 
     def remove_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
-        """Stop calling *listener*."""
-        if listener in self._release_listeners:
-            self._release_listeners.remove(listener)
+        _discard(self._gate.release_listeners, listener)
 
     def add_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
         """Call *listener* with the scope id whenever a time gate of it opened
         sooner than it said (see :meth:`refund_cached`)."""
-        self._timer_listeners.append(listener)
+        self._gate.timer_listeners.append(listener)
 
     def remove_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
-        """Stop calling *listener*."""
-        if listener in self._timer_listeners:
-            self._timer_listeners.remove(listener)
+        _discard(self._gate.timer_listeners, listener)
 
     def refund_cached(self, request: Request) -> None:
         """*request* was answered from Scrapy's HTTP cache: give its send back.
@@ -356,145 +263,57 @@ class ThrottlingManager:
         other than :class:`~scrapy_adaptive_throttle.ThrottlingScopeManager`
         (and its subclasses) keep what they recorded.
         """
-        from ._scope_manager import ThrottlingScopeManager
-
-        reservation = self._reserved.get(request)
-        sent_at = self._reserved_at.get(request)
-        if not reservation or sent_at is None:
+        if not self._gate.reserved.get(request):
             return
-        amounts = dict(self._sent_scope_values(request))
-        now = self.clock()
-        opened: list[ScopeID] = []
-        for scope_id, manager in reservation:
-            if not isinstance(manager, ThrottlingScopeManager):
-                continue
-            try:
-                if manager.refund_send(sent_at, now, amounts.get(scope_id)):
-                    opened.append(scope_id)
-            except Exception as exc:
-                self._report_scope_failure(
-                    request,
-                    ScopeManagerError(scope_id, manager, "refund_send", exc),
-                    "its send still spaces the next one of that scope",
-                )
-        for listener in self._timer_listeners:
-            for scope_id in opened:
-                listener(scope_id)
-
-    # -- readiness -------------------------------------------------------------
+        self._gate.refund(request, dict(self._sent_scope_values(request)))
 
     def check_scopes(
         self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
-        """Return ``(wait, blocked)`` for a request with these scopes.
-
-        *wait* is the time until every time gate is open; *blocked* the first
-        scope at its concurrency limit, or ``None``. *head* (the request, if
-        the caller has it) is not needed here.
-        """
-        wait = 0.0
-        blocked: ScopeID | None = None
-        for scope_id, amount in scope_values:
-            manager = self.get_scope_manager(scope_id)
-            try:
-                scope_wait = manager.can_send(now, amount)
-                if blocked is None and _concurrency_blocked(manager):
-                    blocked = scope_id
-            except Exception as exc:
-                raise ScopeManagerError(scope_id, manager, "can_send", exc) from exc
-            wait = max(wait, scope_wait)
-        if self.shared is not None and scope_values:
-            return self._check_shared(scope_values, wait, blocked)
-        return wait, blocked
-
-    def _check_shared(
-        self, scope_values: ScopeValues, wait: float, blocked: ScopeID | None
-    ) -> tuple[float, ScopeID | None]:
-        """Ask the shared state about a request whose local checks passed
-        (and take its lease if it may go)."""
-        shared = self.shared
-        assert shared is not None
-        if wait > 0 or blocked is not None:
-            shared.drop_pending()
-            return wait, blocked
-        checks = []
-        for scope_id, _ in scope_values:
-            manager = self.get_scope_manager(scope_id)
-            next_spacing = getattr(manager, "next_spacing", None)
-            spacing = next_spacing() if next_spacing is not None else 0.0
-            checks.append(
-                (
-                    scope_id,
-                    getattr(manager, "concurrency", None),
-                    int(getattr(manager, "active", 0)),
-                    float(spacing),
-                )
-            )
-        return shared.check(checks)
+        """``(wait, blocked)``: the time until every time gate is open, and the
+        first scope at its concurrency limit (*head* is not needed here)."""
+        return self._gate.check_scopes(scope_values, now)
 
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
     ) -> None:
-        """Record *request* as sent on each of its scopes.
-
-        All or nothing: if a scope manager fails, the scopes already recorded
-        are released again and the error is raised.
-        """
-        # Every send passes here, whichever path it takes (scheduler queue or
-        # gate), so idle scopes are evicted whatever the crawl's setup.
-        self._maybe_evict(now)
-        reservation: Reservation = []
-        for scope_id, amount in scope_values:
-            manager = self.get_scope_manager(scope_id)
-            try:
-                manager.record_sent(now, amount)
-            except Exception as exc:
-                for _, sent_manager in reservation:
-                    with suppress(Exception):
-                        sent_manager.record_done(now)
-                raise ScopeManagerError(scope_id, manager, "record_sent", exc) from exc
-            reservation.append((scope_id, manager))
-        self._reserved[request] = reservation
-        self._reserved_at[request] = now
-        if self.shared is not None:
-            self.shared.claim(request, [scope_id for scope_id, _ in scope_values])
+        """Record *request* as sent on each of its scopes, all or nothing (a
+        scope manager's error releases the scopes already recorded)."""
+        self._gate.reserve_scopes(request, scope_values, now)
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
         """Whether *scope_id* has room for one more request now."""
         try:
-            return not _concurrency_blocked(self.get_scope_manager(scope_id))
+            return not self._registry.get(scope_id).concurrency_blocked()
         except Exception:  # reported when a request meets it
             return True
 
     def is_reserved(self, request: Request) -> bool:
         """Whether *request* holds a reservation (sent, not yet released)."""
-        return request in self._reserved
+        return request in self._gate.reserved
 
     def is_ready(self, request: Request) -> bool:
         """Whether *request* could be sent right now."""
         if self.get_request_delay(request) > 0:
             return False
         wait, blocked = self.check_scopes(
-            self._sent_scope_values(request), self.clock()
+            self._sent_scope_values(request), self._clock()
         )
         return wait <= 0 and blocked is None
 
     def reserve(self, request: Request) -> None:
         """Record *request* as sent; a later :meth:`acquire` returns at once."""
-        self.reserve_scopes(request, self._sent_scope_values(request), self.clock())
+        self.reserve_scopes(request, self._sent_scope_values(request), self._clock())
 
     def get_time_until_ready(self, request: Request) -> float | None:
         """Seconds until every time gate of *request* opens; ``None`` if open."""
-        now = self.clock()
-        wait, _ = self.check_scopes(self._sent_scope_values(request), now)
+        wait, _ = self.check_scopes(self._sent_scope_values(request), self._clock())
         wait = max(wait, self.get_request_delay(request))
         return wait or None
 
     def get_scope_load(self, scope_id: ScopeID) -> float:
         """Active requests of the scope divided by its concurrency limit."""
-        manager = self.get_scope_manager(scope_id)
-        get_load = getattr(manager, "get_load", None)
-        return float(get_load()) if get_load is not None else 0.0
+        return self._registry.get(scope_id).get_load()
 
     def get_request_delay(self, request: Request, now: float | None = None) -> float:
         """Remaining ``throttling_delay`` of *request* (0.0 if none or elapsed).
@@ -502,46 +321,7 @@ class ThrottlingManager:
         The deadline is set the first time this is called for the request,
         in wall-clock time so that it survives a paused and resumed crawl.
         """
-        meta = request.meta
-        delay = meta.get(DELAY_META_KEY)
-        if not delay or meta.get(DELAYED_META_KEY):
-            return 0.0
-        wall = time.time()
-        deadline = meta.get(DELAY_DEADLINE_META_KEY)
-        if deadline is None:
-            seconds = _request_delay_seconds(delay)
-            if seconds is None:
-                self._warn_invalid_delay(delay, request)
-                meta[DELAYED_META_KEY] = True
-                return 0.0
-            if seconds == 0:
-                meta[DELAYED_META_KEY] = True
-                return 0.0
-            deadline = wall + seconds
-            meta[DELAY_DEADLINE_META_KEY] = deadline
-            if self.config.debug:
-                logger.debug(
-                    "Holding %s for %.2fs (throttling_delay)", request, seconds
-                )
-        remaining = float(deadline) - wall
-        if remaining <= 0:
-            meta[DELAYED_META_KEY] = True
-            return 0.0
-        return remaining
-
-    def _warn_invalid_delay(self, delay: Any, request: Request) -> None:
-        self._inc_stat("throttling/invalid_delay_count")
-        if self._warned_invalid_delay:
-            return
-        self._warned_invalid_delay = True
-        logger.warning(
-            "Ignoring the throttling_delay %r of %s: it must be a number of "
-            "seconds from 0 to %d; the request is sent without it. Further "
-            "invalid values are only counted (throttling/invalid_delay_count).",
-            delay,
-            request,
-            MAX_REQUEST_DELAY,
-        )
+        return self._request_delay.remaining(request)
 
     # -- the gate -------------------------------------------------------------
 
@@ -551,143 +331,33 @@ class ThrottlingManager:
         Requests reserved by the throttling-aware scheduler queue return at
         once; robots.txt downloads are never held (see :func:`is_robots_request`).
         """
-        if request in self._reserved:
-            if request not in self._regate:
+        gate = self._gate
+        if request in gate.reserved:
+            if request not in gate.regate:
                 return
             # Its scope changed (a Crawl-delay) after it was reserved.
-            self._regate.discard(request)
+            gate.regate.discard(request)
             self.release(request)
         if is_robots_request(request):
-            self._reserved[request] = []
+            gate.reserved[request] = []
             return
-        self._gate_waiting += 1
+        gate.waiting += 1
         try:
-            await self._acquire(request)
+            while (delay := self.get_request_delay(request)) > 0:
+                gate.raise_if_closing(request)
+                await sleep(min(delay, CLOSE_CHECK_INTERVAL))
+            scope_values = list(iter_scope_values(await self.get_scopes(request)))
+            await gate.wait_and_reserve(request, scope_values)
         finally:
-            self._gate_waiting -= 1
-
-    async def _acquire(self, request: Request) -> None:
-        while (delay := self.get_request_delay(request)) > 0:
-            self._raise_if_closing(request)
-            await sleep(min(delay, _CLOSE_CHECK_INTERVAL))
-        scope_values = list(iter_scope_values(await self.get_scopes(request)))
-        woken = False
-        waited = False
-        while True:
-            now = self.clock()
-            wait, blocked = self.check_scopes(scope_values, now)
-            if wait <= 0 and blocked is None:
-                self.reserve_scopes(request, scope_values, now)
-                return
-            if woken:
-                # We were handed a freed slot we cannot use: pass it on.
-                self._pass_on_wakeups(scope_values)
-                woken = False
-            self._raise_if_closing(request)
-            if not waited:
-                waited = True
-                self._inc_stat("throttling/gate/wait_count")
-                self._maybe_warn_waiting()
-            if wait > 0:
-                if self.config.debug:
-                    logger.debug(
-                        "Throttling %s for %.2fs (scopes: %s)",
-                        request,
-                        wait,
-                        [scope for scope, _ in scope_values],
-                    )
-                await sleep(min(wait, _CLOSE_CHECK_INTERVAL))
-                continue
-            if self.config.debug:
-                logger.debug(
-                    "Throttling %s until a slot of scope %s frees up", request, blocked
-                )
-            assert blocked is not None
-            woken = await self._wait_for_slot(self.get_scope_manager(blocked))
-
-    async def _wait_for_slot(self, manager: Any) -> bool:
-        slot_event = getattr(manager, "slot_event", None)
-        if slot_event is None:
-            await sleep(0.05)
-            return False
-        done: Deferred[bool] = Deferred()
-        event: Deferred[None] = slot_event()
-        event.addCallback(lambda _: _fire(done, True))
-        timer = call_later(_CLOSE_CHECK_INTERVAL, lambda: _fire(done, False))
-        try:
-            return await maybe_deferred_to_future(done)
-        finally:
-            timer.cancel()
-            if not event.called:
-                discard = getattr(manager, "discard_slot_event", None)
-                if discard is not None:
-                    discard(event)
-
-    def _pass_on_wakeups(self, scope_values: ScopeValues) -> None:
-        for scope_id, _ in scope_values:
-            manager = self.get_scope_manager(scope_id)
-            wake = getattr(manager, "wake_waiter", None)
-            if wake is not None and not _concurrency_blocked(manager):
-                wake()
-
-    def _raise_if_closing(self, request: Request) -> None:
-        try:
-            engine = self.crawler.engine
-        except RuntimeError:  # the crawl has not started yet
-            return
-        slot = getattr(engine, "_slot", None)
-        if engine is None or not engine.running or slot is None or slot.closing:
-            raise IgnoreRequest(
-                f"Throttled request dropped: the spider is closing: {request}"
-            )
-
-    def _maybe_warn_waiting(self) -> None:
-        threshold = self.config.warn_threshold
-        if self._warned_waiting or self._gate_waiting < threshold:
-            return
-        self._warned_waiting = True
-        logger.warning(
-            "There are %d requests held back by throttling outside the scheduler "
-            "(e.g. sent with engine.download()). See DELAYED_REQUESTS_WARN_THRESHOLD.",
-            self._gate_waiting,
-        )
+            gate.waiting -= 1
 
     def release(self, request: Request) -> None:
         """Free the slots reserved for *request*. Idempotent."""
-        reservation = self._reserved.pop(request, None)
-        self._reserved_at.pop(request, None)
-        if self.shared is not None:
-            self.shared.release(request)
-        if not reservation:
-            return
-        now = self.clock()
-        listeners = self._release_listeners
-        for scope_id, manager in reservation:
-            try:
-                manager.record_done(now)
-            except Exception as exc:
-                # The download itself succeeded or failed on its own: its
-                # outcome still reaches the spider, and the other scopes and
-                # the waiters are released.
-                self._report_scope_failure(
-                    request,
-                    ScopeManagerError(scope_id, manager, "record_done", exc),
-                    "its slot may stay counted by that scope manager",
-                )
-            for listener in listeners:
-                listener(scope_id)
-
-    def _report_scope_failure(
-        self, request: Request, error: ScopeManagerError, consequence: str
-    ) -> None:
-        """Report, once per component, a scope manager that raised for
-        *request*, and what that means for it."""
-        report(request, error.component, error.error, consequence, self._stats)
+        self._gate.release(request)
 
     def notify_slots_changed(self, scope_id: ScopeID) -> None:
         """Tell waiters that *scope_id* may have room (e.g. a raised limit)."""
-        for listener in self._release_listeners:
-            listener(scope_id)
+        self._gate.notify_slots_changed(scope_id)
 
     # -- backoff ----------------------------------------------------------------
 
@@ -712,15 +382,7 @@ class ThrottlingManager:
         Only called for responses whose status is a backoff code of one of
         their scopes; override it to read other headers.
         """
-        headers = response.headers
-        retry_after = parse_retry_after(headers.get(b"Retry-After"), time.time())
-        reset = parse_ratelimit_reset(headers.get(b"RateLimit-Reset"))
-        delays = [
-            delay
-            for delay in (retry_after, reset, self._exhausted_ratelimit_delay(response))
-            if delay is not None
-        ]
-        return max(delays) if delays else None
+        return response_delay(response.headers, self.wall_clock())
 
     def get_exhausted_quota_delay(self, response: Response) -> float | None:
         """Return the seconds until the server's quota resets, if this
@@ -733,23 +395,11 @@ class ThrottlingManager:
         so the scope is held until the reset, as if the server had answered
         429 with that delay.
         """
-        headers = response.headers
-        delays = [self._exhausted_ratelimit_delay(response)]
-        if parse_ratelimit_remaining(headers.get(b"RateLimit-Remaining")) == 0:
-            delays.append(parse_ratelimit_reset(headers.get(b"RateLimit-Reset")))
-        valid = [delay for delay in delays if delay is not None]
-        return max(valid) if valid else None
+        return exhausted_quota_delay(response.headers)
 
     @staticmethod
     def _exhausted_ratelimit_delay(response: Response) -> float | None:
-        headers = response.headers
-        ratelimit = headers.getlist(b"RateLimit")
-        if not ratelimit:
-            return None
-        # A structured-field list may be split over several header lines.
-        return parse_ratelimit(
-            b", ".join(ratelimit), b", ".join(headers.getlist(b"RateLimit-Policy"))
-        )
+        return exhausted_ratelimit_delay(response.headers)
 
     async def get_response_backoff(self, response: Response) -> BackoffData:
         """Return the backoff that *response* calls for.
@@ -778,29 +428,15 @@ class ThrottlingManager:
             b"RateLimit" in headers or b"RateLimit-Remaining" in headers
         ):
             return None  # the common case, decided without looking at scopes
-        triggered: list[ScopeID] = []
-        rate_limited: list[ScopeID] = []
-        for scope, _ in self._sent_scope_values(request):
-            codes = self.config.scope(scope).http_codes
-            if status in codes:
-                triggered.append(scope)
-            elif _RATE_LIMITED in codes:
-                rate_limited.append(scope)
-        backoff: dict[ScopeID, BackoffScopeData] = {}
-        if triggered:
-            delay = self.get_response_delay(response)
-            if not delay:
-                if not rate_limited:
-                    return triggered
-                backoff.update((scope, {}) for scope in triggered)
-            else:
-                backoff.update((scope, {"delay": delay}) for scope in triggered)
-        if rate_limited:
-            quota_delay = self.get_exhausted_quota_delay(response)
-            if quota_delay:
-                hold: BackoffScopeData = {"delay": quota_delay}
-                backoff.update((scope, hold) for scope in rate_limited)
-        return backoff or None
+        return decide_response_backoff(  # type: ignore[return-value]
+            status,
+            (
+                (scope, self.config.scope(scope).http_codes)
+                for scope, _ in self._sent_scope_values(request)
+            ),
+            lambda: self.get_response_delay(response),
+            lambda: self.get_exhausted_quota_delay(response),
+        )
 
     async def get_exception_backoff(
         self, request: Request, exception: BaseException
@@ -824,7 +460,7 @@ class ThrottlingManager:
         Called for every attempt, before RetryMiddleware decides to retry it.
         """
         request = response.request
-        now = self.clock()
+        now = self._clock()
         token = _RESPONSE_REQUEST.set(request)
         try:
             backoff = await self.get_response_backoff(response)
@@ -834,31 +470,18 @@ class ThrottlingManager:
             with responding(response):  # names the header of a hold in the log
                 self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
             if response.status == 429:
-                self._record_rate_limited(backoff, now, request)
+                sent_at = (
+                    self._gate.reserved_at.get(request) if request is not None else None
+                )
+                self._backoff.record_rate_limited(backoff, now, sent_at)
         if request is None or dont_track(request.meta):
             return
         latency = request.meta.get(DOWNLOAD_LATENCY_META_KEY)
-        reservation = self._reserved.get(request)
+        reservation = self._gate.reserved.get(request)
         if not reservation:
             return
-        for _, manager in reservation:
-            record = getattr(manager, "record_response", None)
-            if record is not None:
-                record(latency, response.status, now)
-
-    def _record_rate_limited(
-        self, backoff: BackoffData, now: float, request: Request | None
-    ) -> None:
-        """Tell the scopes that backed off on a 429 that they were refused
-        for their rate (``record_rate_limited``, optional), with when the
-        request was sent, so they can learn the pace the server accepts."""
-        sent_at = self._reserved_at.get(request) if request is not None else None
-        scopes = backoff.keys() if isinstance(backoff, dict) else iter_scopes(backoff)
-        for scope_id in list(scopes):
-            manager = self.get_scope_manager(scope_id)
-            record = getattr(manager, "record_rate_limited", None)
-            if record is not None:
-                record(now, sent_at)
+        for _, adapter in reservation:
+            adapter.record_response(latency, response.status, now)
 
     async def process_exception(
         self, request: Request, exception: BaseException
@@ -868,7 +491,7 @@ class ThrottlingManager:
         if backoff is not None:
             self.apply_backoff(
                 backoff,
-                now=self.clock(),
+                now=self._clock(),
                 cause=f"exception/{global_object_name(type(exception))}",
             )
 
@@ -889,63 +512,7 @@ class ThrottlingManager:
         """
         if backoff is None:
             return
-        if now is None:
-            now = self.clock()
-        items: Iterable[tuple[ScopeID, Any]]
-        if isinstance(backoff, dict):
-            items = backoff.items()
-        else:
-            items = ((scope, None) for scope in iter_scopes(backoff))
-        for scope_id, entry in items:
-            manager = self.get_scope_manager(scope_id)
-            delay = None
-            if isinstance(entry, dict):
-                consumed = entry.get("consumed")
-                remaining = entry.get("remaining")
-                if consumed is not None or remaining is not None:
-                    reconcile = getattr(manager, "reconcile_quota", None)
-                    if reconcile is not None:
-                        reconcile(consumed=consumed, remaining=remaining, now=now)
-                    if "delay" not in entry:
-                        continue
-                delay = _valid_delay(entry.get("delay"))
-            record_backoff = getattr(manager, "record_backoff", None)
-            if record_backoff is None:
-                continue  # a custom scope manager that never backs off
-            record_backoff(delay=delay, now=now)
-            if self.shared is not None:
-                self._share_hold(scope_id, manager, now)
-            self._count_trigger(cause, server_delay=delay is not None)
-            record_backoff_decision(
-                self.crawler,
-                scope_id,
-                manager,
-                delay,
-                cause,
-                now,
-                debug=self.config.debug,
-            )
-
-    def _share_hold(self, scope_id: ScopeID, manager: Any, now: float) -> None:
-        """Hold *scope_id* in every process for as long as it waits here
-        after a backoff trigger (the hold or the backed-off delay)."""
-        assert self.shared is not None
-        # A custom scope manager without backoff_wait: its time gates.
-        read = getattr(manager, "backoff_wait", None) or manager.can_send
-        try:
-            wait = float(read(now))
-        except Exception:  # reported when a request meets it
-            return
-        self.shared.hold(scope_id, wait)
-
-    def _count_trigger(self, cause: str, *, server_delay: bool) -> None:
-        stats = self._stats
-        if stats is None:
-            return
-        stats.inc_value("throttling/backoff/count")
-        stats.inc_value(f"throttling/backoff/{cause}_count")
-        if server_delay:
-            stats.inc_value("throttling/backoff/server_delay_count")
+        self._backoff.apply(backoff, self._clock() if now is None else now, cause)
 
     def delay_scope(self, scope_id: ScopeID, delay: float) -> None:
         """Hold back every request of *scope_id* for at least *delay* seconds.
@@ -962,82 +529,33 @@ class ThrottlingManager:
             raise ValueError(message) from None
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(message)
-        now = self.clock()
-        manager = self.get_scope_manager(scope_id)
-        record_backoff = getattr(manager, "record_backoff", None)
-        if record_backoff is None:
-            return  # a custom scope manager that never backs off
-        if _accepts_keyword(record_backoff, "cap"):
-            record_backoff(delay=seconds, now=now, cap=False)
-        else:  # a custom scope manager that predates the cap argument
-            record_backoff(delay=seconds, now=now)
-        if self.shared is not None:
-            self._share_hold(scope_id, manager, now)
-        self._count_trigger("delay_scope", server_delay=False)
-        record_backoff_decision(
-            self.crawler,
-            scope_id,
-            manager,
-            seconds,
-            "delay_scope",
-            now,
-            debug=self.config.debug,
-        )
+        self._backoff.delay_scope(scope_id, seconds, self._clock())
 
     def get_scope_delay(self, scope_id: ScopeID) -> float:
         """The base (non-backoff) delay of *scope_id*."""
-        getter = getattr(self.get_scope_manager(scope_id), "get_base_delay", None)
-        return float(getter()) if getter is not None else 0.0
+        return self._registry.get(scope_id).get_base_delay()
 
     def set_scope_delay(self, scope_id: ScopeID, delay: float) -> None:
         """Set the base delay of *scope_id*, up or down (not a backoff trigger)."""
-        manager = self.get_scope_manager(scope_id)
-        set_base_delay = getattr(manager, "set_base_delay", None)
-        if set_base_delay is None:
-            raise TypeError(
-                f"The scope manager of {scope_id!r} ({type(manager).__name__}) has "
-                "no set_base_delay(): its delay cannot be changed"
-            )
-        if _accepts_keyword(set_base_delay, "only_increase"):
-            set_base_delay(float(delay), only_increase=False)
-        else:  # e.g. the reference chapter's FixedWindowScopeManager
-            set_base_delay(float(delay))
+        self._registry.get(scope_id).set_base_delay(float(delay), only_increase=False)
 
     def get_scope_state(self, scope_id: ScopeID) -> dict[str, Any]:
         """A snapshot of the state of *scope_id* (created if unknown)."""
-        manager = self.get_scope_manager(scope_id)
-        getter = getattr(manager, "get_state", None)
-        if getter is not None:
-            return dict(getter(self.clock()))
-        return {"scope": scope_id, "manager": type(manager).__name__}
+        return self._registry.get(scope_id).get_state(self._clock())
 
     def iter_scope_states(self) -> Iterable[dict[str, Any]]:
         """Snapshots of every live scope."""
-        now = self.clock()
-        for scope_id, manager in list(self._scope_managers.items()):
-            getter = getattr(manager, "get_state", None)
-            if getter is not None:
-                yield dict(getter(now))
-            else:
-                yield {"scope": scope_id, "manager": type(manager).__name__}
+        now = self._clock()
+        for adapter in list(self._registry.adapters.values()):
+            yield adapter.get_state(now)
 
     # -- robots.txt ---------------------------------------------------------------
 
     def _on_robots_parsed(self, robotparser: Any, request: Request) -> None:
-        try:
-            delay = robotparser.crawl_delay(self.config.user_agent)
-        except Exception:  # a third-party parser must never break the crawl
-            logger.debug(
-                "Could not read Crawl-delay from %r", robotparser, exc_info=True
-            )
-            return
-        if delay is None:
-            return
-        try:
-            seconds = float(delay)
-        except (TypeError, ValueError):
-            return
-        self.apply_robots_crawl_delay(self.get_crawl_delay_scope(request), seconds)
+        seconds = self._crawl_delays.read(robotparser)
+        if seconds is not None:
+            scope_id = self.get_crawl_delay_scope(request)
+            self.apply_robots_crawl_delay(scope_id, seconds)
 
     def get_crawl_delay_scope(self, request: Request) -> ScopeID:
         """Return the scope that the robots.txt Crawl-delay of *request*'s
@@ -1046,7 +564,7 @@ class ThrottlingManager:
         Override it when your scopes group hosts differently (e.g. by
         registrable domain).
         """
-        return urlparse_cached(request).netloc.rpartition("@")[2].lower()
+        return request_netloc(request)
 
     def apply_robots_crawl_delay(self, scope_id: ScopeID, delay: float) -> None:
         """Apply a robots.txt Crawl-delay to *scope_id*.
@@ -1061,111 +579,16 @@ class ThrottlingManager:
         handed to the downloader but not sent yet (they were waiting for
         robots.txt) go through the gate again.
         """
-        if not self.config.robotstxt_obey:
+        capped = self._crawl_delays.remember(scope_id, delay)
+        if capped is None:
             return
-        if not (math.isfinite(delay) and delay > 0):
-            return
-        capped = min(delay, self.config.robotstxt_max_delay)
-        known = self._crawl_delays.get(scope_id, 0.0)
-        self._crawl_delays[scope_id] = max(capped, known)
-        manager = self.get_scope_manager(scope_id)
-        if self._apply_crawl_delay(scope_id, manager, capped, warn=True):
-            self._inc_stat("throttling/robotstxt/crawl_delay_count")
-            self._regate_reserved(scope_id)
-
-    def _apply_crawl_delay(
-        self, scope_id: ScopeID, manager: Any, delay: float, *, warn: bool = False
-    ) -> bool:
-        configured = self.config.scopes.get(scope_id)
-        keep_delay = keep_concurrency = False
-        if configured is not None:
-            if configured.ignore_robots_txt:
-                return False
-            conflicts = []
-            if configured.explicit_delay and configured.delay < delay:
-                keep_delay = True
-                conflicts.append(f"delay {configured.delay!r} < Crawl-delay {delay!r}")
-            if configured.explicit_concurrency and configured.concurrency != 1:
-                keep_concurrency = True
-                limit = configured.concurrency or "unlimited"
-                conflicts.append(f"concurrency {limit} > 1")
-            elif configured.min_concurrency > 1:
-                keep_concurrency = True
-                conflicts.append(f"min_concurrency {configured.min_concurrency} > 1")
-            if conflicts and warn and scope_id not in self._warned_robots:
-                self._warned_robots.add(scope_id)
-                logger.warning(
-                    "THROTTLING_SCOPES[%r] is more aggressive than the robots.txt "
-                    "Crawl-delay of %ss (%s); the configured values are used. Set "
-                    "'ignore_robots_txt': True in that entry to silence this warning.",
-                    scope_id,
-                    delay,
-                    " and ".join(conflicts),
-                )
-        if keep_delay and keep_concurrency:
-            return False
-        if not keep_delay:
-            setter = getattr(manager, "set_base_delay", None)
-            if setter is not None:
-                setter(delay)
-            floor = getattr(manager, "set_delay_floor", None)
-            if floor is not None:
-                floor(delay)
-        if not keep_concurrency:
-            setter = getattr(manager, "set_concurrency", None)
-            if setter is not None:
-                setter(1)
-        if self.config.debug:
-            logger.debug(
-                "robots.txt Crawl-delay for scope %s: delay %s, concurrency %s",
-                scope_id,
-                "kept" if keep_delay else f"{delay:.3f}s",
-                "kept" if keep_concurrency else 1,
-            )
-        return True
-
-    def _regate_reserved(self, scope_id: ScopeID) -> None:
-        # Requests popped (and reserved) before robots.txt was parsed wait in
-        # RobotsTxtMiddleware, ahead of the gate: without this, every one of
-        # them would go out at once, ignoring the Crawl-delay just applied.
-        for request, reservation in self._reserved.items():
-            if any(reserved == scope_id for reserved, _ in reservation):
-                self._regate.add(request)
+        adapter = self._registry.get(scope_id)
+        if self._crawl_delays.apply(adapter, capped, warn=True):
+            if self.crawler.stats is not None:
+                self.crawler.stats.inc_value("throttling/robotstxt/crawl_delay_count")
+            self._gate.regate_scope(scope_id)
 
     # -- misc -------------------------------------------------------------------
-
-    def _warn_unmatched_scopes(self) -> None:
-        # A key that never matches (a bare host for a host with a port, a
-        # URL instead of host[:port]) is otherwise a silent no-op.
-        unmatched = [
-            scope
-            for scope in self.config.scopes
-            if scope not in self._matched_configured
-        ]
-        if not unmatched:
-            return
-        # The most recently used scopes: enough for a hint, and bounded in a
-        # broad crawl.
-        live = [
-            scope
-            for scope in itertools.islice(reversed(self._scope_managers), 10_000)
-            if isinstance(scope, str)
-        ]
-        hints = []
-        for scope in unmatched:
-            closest = difflib.get_close_matches(scope, live, n=1, cutoff=0.5)
-            hint = f" (closest scope of the crawl: {closest[0]!r})" if closest else ""
-            hints.append(f"{scope!r}{hint}")
-        logger.warning(
-            "THROTTLING_SCOPES entries that matched no request of this crawl: %s. "
-            "A key must be a scope id exactly as the requests get it: host[:port] "
-            "of the URL by default (see 'scrapy throttling URL').",
-            "; ".join(hints),
-        )
-
-    def _inc_stat(self, key: str) -> None:
-        if self._stats is not None:
-            self._stats.inc_value(key)
 
     def explain(self, request_or_scope: Request | ScopeID) -> Explanation:
         """Why *request_or_scope* waits: each of its scopes, the reason that
@@ -1179,57 +602,6 @@ class ThrottlingManager:
         return explain(self, request_or_scope)
 
 
-def _fire(deferred: Deferred[bool], result: bool) -> None:
-    if not deferred.called:
-        deferred.callback(result)
-
-
-def _valid_delay(value: Any) -> float | None:
-    """A usable hold in seconds, or None (then the trigger takes an
-    exponential step): a zero hold would count a trigger without slowing
-    anything down."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        delay = float(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    if not math.isfinite(delay) or delay <= 0:
-        return None
-    return delay
-
-
-def _request_delay_seconds(value: Any) -> float | None:
-    """*value* of ``throttling_delay`` in seconds, ``None`` if out of range."""
-    if isinstance(value, bool):
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        return None
-    if not 0 <= seconds <= MAX_REQUEST_DELAY:  # also false for nan
-        return None
-    return seconds
-
-
-def _accepts_keyword(method: Callable[..., Any], name: str) -> bool:
-    try:
-        parameters = inspect.signature(method).parameters
-    except (TypeError, ValueError):  # no introspectable signature: assume so
-        return True
-    return name in parameters or any(
-        parameter.kind is inspect.Parameter.VAR_KEYWORD
-        for parameter in parameters.values()
-    )
-
-
-def _concurrency_blocked(manager: Any) -> bool:
-    blocked = getattr(manager, "concurrency_blocked", None)
-    return bool(blocked()) if blocked is not None else False
-
-
-def _is_idle(manager: Any, now: float, max_idle: float) -> bool:
-    is_idle = getattr(manager, "is_idle", None)
-    if is_idle is not None:
-        return bool(is_idle(now, max_idle))
-    return not getattr(manager, "active", 0)
+def _discard(listeners: list[Callable[[ScopeID], None]], listener: object) -> None:
+    if listener in listeners:
+        listeners.remove(listener)

@@ -19,6 +19,7 @@ looks for optional methods of a custom manager.
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -71,6 +72,15 @@ class QueueGate(Protocol):
     @property
     def quotas(self) -> Mapping[ScopeID, float]:
         """The quota of each configured quota scope (the queue orders by share)."""
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The monotonic clock of *now* in :meth:`check_scopes` and
+        :meth:`reserve_scopes` (the manager's own clock)."""
+
+    @property
+    def wall_clock(self) -> Callable[[], float]:
+        """The wall clock of ``throttling_delay`` deadlines and HTTP dates."""
 
     def resolve_scopes_now(
         self, request: Request
@@ -183,6 +193,9 @@ class ProtocolManagerGate:
         #: downloader), so that waiting for one is safe.
         self.releases_seen = False
         self.quotas: Mapping[ScopeID, float] = {}
+        # The protocol has no clock: the defaults of the plugin's manager.
+        self.clock: Callable[[], float] = time.monotonic
+        self.wall_clock: Callable[[], float] = time.time
         self._release = throttler.release
         # Optional: the queue's checks, the per-request delay, the slot key
         # and the scope load (which picks the scope to wait on); a manager

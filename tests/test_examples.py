@@ -44,8 +44,8 @@ from scrapy_adaptive_throttle import (
     scope_cache,
     update_scope_backoff,
 )
+from scrapy_adaptive_throttle._crawler_throttler import get_throttler
 from scrapy_adaptive_throttle._settings import ThrottlingSettings
-from scrapy_adaptive_throttle._wiring import get_throttler
 from tests.server_checks import max_in_service as max_in_service_across
 from tests.spiders import INDEX_PAGE_SCOPES, PagesSpider, run_crawl
 

@@ -70,8 +70,9 @@ def test_on_native_throttling_the_addon_installs_only_what_scrapy_lacks(
     assert settings["DOWNLOADER"] == "scrapy.core.downloader.Downloader"
     assert settings["SCHEDULER_PRIORITY_QUEUE"] != OURS["SCHEDULER_PRIORITY_QUEUE"]
     middlewares = _middlewares(settings)
-    assert "scrapy_adaptive_throttle._wiring.ThrottlingDownloaderMiddleware" not in (
-        middlewares
+    assert (
+        "scrapy_adaptive_throttle._downloader_middleware."
+        "ThrottlingDownloaderMiddleware" not in middlewares
     )
     latency = f"{LatencySampleMiddleware.__module__}.LatencySampleMiddleware"
     assert middlewares[latency] == MIDDLEWARE_PRIORITY

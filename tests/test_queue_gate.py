@@ -6,6 +6,7 @@ import pytest
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
+from scrapy_adaptive_throttle._crawler_throttler import get_throttler
 from scrapy_adaptive_throttle._queue_gate import (
     ANY_SCOPE,
     PROTOCOL_RECHECK_INTERVAL,
@@ -14,7 +15,6 @@ from scrapy_adaptive_throttle._queue_gate import (
     queue_gate,
 )
 from scrapy_adaptive_throttle._types import RESOLVED_SCOPES_META_KEY
-from scrapy_adaptive_throttle._wiring import get_throttler
 from tests.protocol_manager import ProtocolOnlyManager
 
 

@@ -15,7 +15,7 @@ from scrapy.squeues import FifoMemoryQueue
 from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import ThrottlingAwarePriorityQueue, update_scope_backoff
-from scrapy_adaptive_throttle._wiring import get_throttler
+from scrapy_adaptive_throttle._crawler_throttler import get_throttler
 from tests.fake_clock import FakeClock
 
 QUOTA_SCOPES = {"api": {"quota": 10.0, "window": 60.0}}

@@ -9,7 +9,7 @@ import pytest
 from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import LatencyScopeManager, ThrottlingScopeManager
-from scrapy_adaptive_throttle._wiring import get_throttler
+from scrapy_adaptive_throttle._crawler_throttler import get_throttler
 
 SCOPE = "api.example.com"
 

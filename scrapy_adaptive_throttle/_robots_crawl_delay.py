@@ -1,0 +1,110 @@
+"""robots.txt Crawl-delay applied to scopes (:setting:`ROBOTSTXT_OBEY`).
+
+The merge rule (what a configured scope keeps) is
+:func:`~scrapy_adaptive_throttle._algorithms.response_policy.merge_crawl_delay`;
+this module remembers each scope's Crawl-delay so that a scope evicted and
+created again gets it back, applies it to the scope manager, and warns once
+per scope about a configuration more aggressive than robots.txt.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+from ._algorithms.response_policy import ConfiguredLimits, merge_crawl_delay
+
+if TYPE_CHECKING:
+    from ._scope_adapter import ScopeAdapter
+    from ._settings import ThrottlingSettings
+    from ._types import ScopeID
+
+__all__ = ["CrawlDelays"]
+
+logger = logging.getLogger(__name__)
+
+
+class CrawlDelays:
+    """The Crawl-delay of each scope that robots.txt gave one."""
+
+    def __init__(self, config: ThrottlingSettings) -> None:
+        self.config = config
+        self.delays: dict[ScopeID, float] = {}
+        self._warned: set[ScopeID] = set()
+
+    def read(self, robotparser: Any) -> float | None:
+        """The Crawl-delay that a parsed robots.txt gives our user agent, in
+        seconds, or ``None``."""
+        try:
+            delay = robotparser.crawl_delay(self.config.user_agent)
+        except Exception:  # a third-party parser must never break the crawl
+            logger.debug(
+                "Could not read Crawl-delay from %r", robotparser, exc_info=True
+            )
+            return None
+        if delay is None:
+            return None
+        try:
+            return float(delay)
+        except (TypeError, ValueError):
+            return None
+
+    def remember(self, scope_id: ScopeID, delay: float) -> float | None:
+        """Record a Crawl-delay of *delay* seconds for *scope_id*; return it
+        capped at :setting:`THROTTLING_ROBOTSTXT_MAX_DELAY`, or ``None`` if
+        it is not to be applied (robots.txt not obeyed, or not a positive
+        finite number)."""
+        if not self.config.robotstxt_obey:
+            return None
+        if not (math.isfinite(delay) and delay > 0):
+            return None
+        capped = min(delay, self.config.robotstxt_max_delay)
+        self.delays[scope_id] = max(capped, self.delays.get(scope_id, 0.0))
+        return capped
+
+    def reapply(self, adapter: ScopeAdapter) -> None:
+        """Apply the remembered Crawl-delay, if any, to a new scope manager."""
+        delay = self.delays.get(adapter.scope_id)
+        if delay is not None:
+            self.apply(adapter, delay)
+
+    def apply(self, adapter: ScopeAdapter, delay: float, *, warn: bool = False) -> bool:
+        """Apply *delay* to the scope of *adapter*; whether anything changed."""
+        scope_id = adapter.scope_id
+        configured = self.config.scopes.get(scope_id)
+        limits = None
+        if configured is not None:
+            limits = ConfiguredLimits(
+                ignore_robots_txt=configured.ignore_robots_txt,
+                explicit_delay=configured.explicit_delay,
+                delay=configured.delay,
+                explicit_concurrency=configured.explicit_concurrency,
+                concurrency=configured.concurrency,
+                min_concurrency=configured.min_concurrency,
+            )
+        merge = merge_crawl_delay(limits, delay)
+        if merge.conflicts and warn and scope_id not in self._warned:
+            self._warned.add(scope_id)
+            logger.warning(
+                "THROTTLING_SCOPES[%r] is more aggressive than the robots.txt "
+                "Crawl-delay of %ss (%s); the configured values are used. Set "
+                "'ignore_robots_txt': True in that entry to silence this warning.",
+                scope_id,
+                delay,
+                " and ".join(merge.conflicts),
+            )
+        if not merge.changes_anything:
+            return False
+        adapter.apply_crawl_delay(
+            None if merge.keep_delay else delay,
+            None if merge.keep_concurrency else 1,
+        )
+        if self.config.debug:
+            logger.debug(
+                "robots.txt Crawl-delay for scope %s: delay %s, concurrency %s",
+                scope_id,
+                "kept" if merge.keep_delay else f"{delay:.3f}s",
+                "kept" if merge.keep_concurrency else 1,
+            )
+        return True
