@@ -35,6 +35,7 @@ from scrapy.extensions.telnet import update_telnet_vars
 from scrapy.utils.asyncio import create_looping_call
 
 from ._explain import REASONS, Explanation, primary_reason, scope_wait_reasons
+from ._scope import Scope
 from ._settings import (
     ThrottlingSettings,
     report_invalid_setting,
@@ -272,9 +273,9 @@ class ThrottlingDiagnostics:
             if active:
                 in_flight += active
                 busy.append((active, scope, manager))
-            backoff = getattr(manager, "_backoff", None)
-            if backoff is not None and backoff.hold_until - now > longest:
-                longest, longest_scope = backoff.hold_until - now, scope
+            hold = _hold_until(manager)
+            if hold is not None and hold - now > longest:
+                longest, longest_scope = hold - now, scope
         survey.in_flight = in_flight
         survey.longest_hold = longest
         survey.longest_hold_scope = longest_scope
@@ -515,6 +516,13 @@ class ThrottlingDiagnostics:
                     ", ".join(names),
                     ", ..." if len(pinned) > len(names) else "",
                 )
+
+
+def _hold_until(manager: Any) -> float | None:
+    """When the server-given hold of a default scope manager ends (``None``
+    for a custom one, which does not say)."""
+    scope = getattr(manager, "scope", None)
+    return scope.backoff.hold_until if isinstance(scope, Scope) else None
 
 
 def format_state(state: dict[str, Any]) -> str:

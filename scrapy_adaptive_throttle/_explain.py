@@ -28,9 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
 
+from ._scope import Scope
+from ._scope_state import ScopeState
 from ._types import RESOLVED_SCOPES_META_KEY, ScopeID, iter_scope_values
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._manager import ThrottlingManager
 
 __all__ = ["Explanation", "ScopeExplanation", "explain", "scope_wait_reasons"]
@@ -147,47 +151,17 @@ def scope_wait_reasons(
     scope manager is asked through its protocol (``can_send``,
     ``concurrency_blocked``) and answers ``"other"``.
     """
-    reasons: dict[str, float] = {}
-    backoff = getattr(manager, "_backoff", None)
-    if backoff is not None and hasattr(manager, "_next_allowed"):
-        hold = backoff.hold_until - now
-        if hold > 0:
-            reasons["backoff_hold"] = hold
-        spacing = manager._next_allowed - now
-        if spacing > 0:
-            if backoff.level:
-                reasons["backoff"] = spacing
-            elif 0 < backoff.base_delay <= manager._delay_floor:
-                reasons["crawl_delay"] = spacing
-            else:
-                reasons["delay"] = spacing
-        quota = getattr(manager, "_quota", None)
-        if quota is not None:
-            quota_wait = _quota_wait(quota, now, amount)
-            if quota_wait > 0:
-                reasons["quota"] = quota_wait
+    scope = getattr(manager, "scope", None)
+    if isinstance(scope, Scope):
+        reasons = scope.wait_reasons(now, amount)
     else:
         can_send = getattr(manager, "can_send", None)
         wait = float(can_send(now, amount)) if can_send is not None else 0.0
-        if wait > 0:
-            reasons["other"] = wait
+        reasons = {"other": wait} if wait > 0 else {}
     blocked = getattr(manager, "concurrency_blocked", None)
     if blocked is not None and blocked():
         reasons["concurrency"] = 0.0
     return reasons
-
-
-def _quota_wait(quota: Any, now: float, amount: float | None) -> float:
-    # QuotaWindow.wait rolls the window forward; that is what the gate would
-    # do at the same time, and the answer does not depend on it.
-    start = quota.window_start
-    if start is None or quota.consumed <= 0:
-        return 0.0
-    if quota.window > 0 and now - start >= quota.window:
-        return 0.0
-    if quota.consumed + (amount or 0.0) <= quota.quota:
-        return 0.0
-    return float(max(0.0, start + quota.window - now))
 
 
 def primary_reason(reasons: dict[str, float]) -> str | None:
@@ -226,13 +200,29 @@ def explain_scope(
             state={},
         )
     reasons = scope_wait_reasons(manager, now, amount)
+    timed = [wait for reason, wait in reasons.items() if reason != "concurrency"]
+    scope_state = getattr(manager, "scope_state", None)
+    if isinstance(getattr(manager, "scope", None), Scope) and scope_state is not None:
+        typed: ScopeState = scope_state(now)
+        return ScopeExplanation(
+            scope=scope_id,
+            reason=primary_reason(reasons),
+            wait=max(timed, default=0.0),
+            reasons=reasons,
+            limit=typed.limit,
+            in_flight=typed.in_flight,
+            delay=typed.delay,
+            backoff_level=typed.backoff_level,
+            backoff_cause=last_backoff_cause(manager),
+            known=True,
+            state=typed.as_dict(),
+        )
     get_state = getattr(manager, "get_state", None)
     state: dict[str, Any] = (
         dict(get_state(now))
         if get_state is not None
         else {"scope": scope_id, "manager": type(manager).__name__}
     )
-    timed = [wait for reason, wait in reasons.items() if reason != "concurrency"]
     return ScopeExplanation(
         scope=scope_id,
         reason=primary_reason(reasons),
@@ -279,7 +269,10 @@ def explain(
     )
 
 
-def _remaining_request_delay(request: Request) -> float:
+def _remaining_request_delay(
+    request: Request, wall_clock: Callable[[], float] = time.time
+) -> float:
+    # The deadline is a wall-clock time: it survives a JOBDIR restart.
     from ._manager import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
 
     meta = request.meta
@@ -291,4 +284,4 @@ def _remaining_request_delay(request: Request) -> float:
             return max(0.0, float(meta["throttling_delay"]))
         except (TypeError, ValueError):
             return 0.0
-    return max(0.0, float(deadline) - time.time())
+    return max(0.0, float(deadline) - wall_clock())

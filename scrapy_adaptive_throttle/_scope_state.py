@@ -1,0 +1,163 @@
+"""The state of one scope, typed: what diagnostics, explain and stats read.
+
+:class:`ScopeState` is a snapshot taken by
+:meth:`~scrapy_adaptive_throttle.ThrottlingScopeManager.scope_state`;
+:meth:`ScopeState.as_dict` is the ``get_state()`` dictionary the scope-manager
+protocol documents, key for key. :class:`ScopeCounters` is what a scope
+counts, behind an interface, with :class:`LocalScopeCounters` (this process's
+memory) as the default, so that a shared backend can count instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ._types import ScopeID
+
+__all__ = [
+    "AdaptiveLimitState",
+    "LocalScopeCounters",
+    "RampupSnapshot",
+    "ScopeCounters",
+    "ScopeState",
+]
+
+
+class ScopeCounters(Protocol):
+    """The counters of one scope that are not an algorithm's own state."""
+
+    #: Requests of the scope in flight.
+    in_flight: int
+    #: When the scope was last used (monotonic seconds; ``None``: never).
+    last_seen: float | None
+
+
+class LocalScopeCounters:
+    """:class:`ScopeCounters` in this process's memory (the default)."""
+
+    __slots__ = ("in_flight", "last_seen")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.last_seen: float | None = None
+
+
+@dataclass(frozen=True)
+class RampupSnapshot:
+    """Rampup's window of a scope (see :ref:`rampup`)."""
+
+    window_triggers: int
+    latency: float | None
+    too_fast_delay: float | None
+    faster_count: int
+    slower_count: int
+
+
+@dataclass(frozen=True)
+class AdaptiveLimitState:
+    """The latency-adaptive limit of a scope (:class:`LatencyScopeManager`)."""
+
+    limit_value: float
+    floor: int
+    ceiling: int
+    best_latency: float | None
+    last_latency: float | None
+    latency_tolerance: float
+    latency_window: float
+    increase_count: int
+    decrease_count: int
+    overload_count: int
+    rebaseline_count: int
+    slow_start: bool
+    probing: bool
+    round_size: int
+    latency_samples: int
+    at_floor_share: float
+    at_ceiling_share: float
+
+
+@dataclass(frozen=True)
+class ScopeState:
+    """A snapshot of one scope's throttling state.
+
+    Times are seconds of the throttler's clock; waits are seconds from the
+    snapshot's time.
+    """
+
+    scope: ScopeID
+    #: The scope manager's class name.
+    manager: str
+    #: The concurrency limit enforced now (``None``: none).
+    limit: int | None
+    in_flight: int
+    #: The spacing between two sends now (grown by backoff).
+    delay: float
+    base_delay: float
+    backoff_level: int
+    #: Seconds left of the server-given (or ``delay_scope``) hold.
+    backoff_wait: float
+    backoff_count: int
+    #: The robots.txt Crawl-delay floor (0.0: none).
+    delay_floor: float
+    #: Seconds until the delay gate opens.
+    delay_wait: float
+    #: ``(interval, accepted)`` of the pace learned from 429s, if any.
+    learned_interval: float | None = None
+    learned_accepted: float | None = None
+    quota_consumed: float | None = None
+    quota: float | None = None
+    rampup: RampupSnapshot | None = None
+    adaptive: AdaptiveLimitState | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``get_state()`` dictionary (the documented keys, as before)."""
+        state: dict[str, Any] = {
+            "scope": self.scope,
+            "manager": self.manager,
+            "limit": self.limit,
+            "in_flight": self.in_flight,
+            "delay": self.delay,
+            "base_delay": self.base_delay,
+            "backoff_level": self.backoff_level,
+            "backoff_wait": self.backoff_wait,
+            "backoff_count": self.backoff_count,
+            "delay_floor": self.delay_floor,
+        }
+        if self.learned_interval is not None:
+            state["learned_interval"] = self.learned_interval
+            state["learned_accepted"] = self.learned_accepted
+        if self.quota is not None:
+            state["quota_consumed"] = self.quota_consumed
+            state["quota"] = self.quota
+        rampup = self.rampup
+        if rampup is not None:
+            state.update(
+                rampup_window_triggers=rampup.window_triggers,
+                rampup_latency=rampup.latency,
+                rampup_too_fast_delay=rampup.too_fast_delay,
+                rampup_faster_count=rampup.faster_count,
+                rampup_slower_count=rampup.slower_count,
+            )
+        adaptive = self.adaptive
+        if adaptive is not None:
+            state.update(
+                limit_value=adaptive.limit_value,
+                floor=adaptive.floor,
+                ceiling=adaptive.ceiling,
+                best_latency=adaptive.best_latency,
+                last_latency=adaptive.last_latency,
+                latency_tolerance=adaptive.latency_tolerance,
+                latency_window=adaptive.latency_window,
+                increase_count=adaptive.increase_count,
+                decrease_count=adaptive.decrease_count,
+                overload_count=adaptive.overload_count,
+                rebaseline_count=adaptive.rebaseline_count,
+                slow_start=adaptive.slow_start,
+                probing=adaptive.probing,
+                round_size=adaptive.round_size,
+                latency_samples=adaptive.latency_samples,
+                at_floor_share=adaptive.at_floor_share,
+                at_ceiling_share=adaptive.at_ceiling_share,
+            )
+        return state
