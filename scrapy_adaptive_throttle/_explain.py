@@ -153,7 +153,7 @@ def scope_wait_reasons(
     """
     scope = getattr(manager, "scope", None)
     if isinstance(scope, Scope):
-        reasons = scope.wait_reasons(now, amount)
+        reasons = _time_gate_reasons(scope, now, amount)
     else:
         can_send = getattr(manager, "can_send", None)
         wait = float(can_send(now, amount)) if can_send is not None else 0.0
@@ -161,6 +161,32 @@ def scope_wait_reasons(
     blocked = getattr(manager, "concurrency_blocked", None)
     if blocked is not None and blocked():
         reasons["concurrency"] = 0.0
+    return reasons
+
+
+def _time_gate_reasons(
+    scope: Scope, now: float, amount: float | None
+) -> dict[str, float]:
+    """``{reason: seconds}`` for each time gate of *scope* closed at *now*."""
+    reasons: dict[str, float] = {}
+    backoff = scope.backoff
+    hold = backoff.hold_until - now
+    if hold > 0:
+        reasons["backoff_hold"] = hold
+    spacing = scope.gate.next_send_at - now
+    if spacing > 0:
+        if backoff.level:
+            reasons["backoff"] = spacing
+        elif 0 < backoff.base_delay <= scope.gate.floor:
+            reasons["crawl_delay"] = spacing
+        else:
+            reasons["delay"] = spacing
+    quota = scope.quota
+    if quota is not None:
+        # QuotaWindow.wait would roll the window forward; reading changes nothing.
+        quota_wait = quota.peek_wait(now, amount)
+        if quota_wait > 0:
+            reasons["quota"] = quota_wait
     return reasons
 
 

@@ -111,11 +111,9 @@ class LatencyScopeManager(ThrottlingScopeManager):
     @property
     def adaptive_limit(self) -> AdaptiveLimit:
         """The latency-adaptive strategy of this scope (under rampup, if any)."""
-        limit = self.scope.limit
-        rampup = self.scope.rampup
-        inner = rampup.inner if rampup is not None else limit
-        assert isinstance(inner, AdaptiveLimit)
-        return inner
+        strategy = self.scope.strategy
+        assert isinstance(strategy, AdaptiveLimit)
+        return strategy
 
     @property
     def concurrency(self) -> int:

@@ -20,20 +20,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._algorithms import BackoffState, LearnedRate, QuotaWindow
-from ._algorithms.concurrency import (
-    AdaptiveLimit,
-    ConcurrencyLimit,
-    RampupChange,
-    RampupLimit,
-)
+from ._algorithms.concurrency import ConcurrencyLimit, RampupChange, RampupLimit
 from ._algorithms.delay_gate import DelayGate
-from ._scope_state import (
-    AdaptiveLimitState,
-    LocalScopeCounters,
-    RampupSnapshot,
-    ScopeCounters,
-    ScopeState,
-)
+from ._scope_state import LocalScopeCounters, ScopeCounters, ScopeState, snapshot
 
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
@@ -88,8 +77,8 @@ class Scope:
         self.clock = clock
         self._on_slots_raised = on_slots_raised
         self._total_concurrency = total_concurrency
-        self._stats = stats
-        self._debug = debug
+        self.stats = stats
+        self.debug = debug
         #: Whether the limit already counted the answer that triggered the
         #: last backoff (halved for it): its latency is no sample. Cleared
         #: by that answer, or by the release of its request.
@@ -165,8 +154,11 @@ class Scope:
         grow = True
         rampup = self.rampup
         if rampup is not None:
-            slowed = rampup.state.trigger(now)
-            self._apply_rampup(rampup, now)
+            before = self.limit.limit
+            slowed, change = rampup.trigger(now, backoff, self.gate)
+            if change is not None:
+                self._raised(before)
+                _count_rampup(self, change)
             grow = not slowed
         backoff.trigger(now, delay, cap=cap, grow=grow)
         if rampup is not None and backoff.hold_until > now:
@@ -194,9 +186,9 @@ class Scope:
         interval = learned.refuse(now, sent_at, self.backoff.hold_until - now)
         if interval == before:
             return
-        if self._stats is not None:
-            self._stats.inc_value("throttling/rate_limit/learned_count")
-        if self._debug:
+        if self.stats is not None:
+            self.stats.inc_value("throttling/rate_limit/learned_count")
+        if self.debug:
             logger.debug(
                 "Scope %s: %s requests accepted in the last %gs before a 429; "
                 "pace %.4fs -> %.4fs between requests",
@@ -211,9 +203,9 @@ class Scope:
         steps = self.backoff.recover(now)
         if not steps:
             return
-        if self._stats is not None:
-            self._stats.inc_value("throttling/backoff/recovery_count", steps)
-        if self._debug:
+        if self.stats is not None:
+            self.stats.inc_value("throttling/backoff/recovery_count", steps)
+        if self.debug:
             backoff = self.backoff
             logger.debug(
                 "Backoff recovery for scope %s: %d step(s), delay %.3fs (level %d)",
@@ -307,53 +299,11 @@ class Scope:
     # -- rampup ---------------------------------------------------------------------
 
     def _rampup_check(self, rampup: RampupLimit, now: float) -> None:
-        """Close finished rampup windows and note what holds requests back."""
-        state = rampup.state
-        state.roll(now)
-        self._apply_rampup(rampup, now)
-        # Only a request held back by the delay or the concurrency that
-        # rampup controls tests them; a server-given hold tests nothing, nor
-        # does a lower limit under it (the adaptive one, whose ceiling
-        # rampup's value is).
-        delay_held = self.gate.next_send_at > now >= self.backoff.hold_until
-        ceiling = rampup.ceiling
-        concurrency_held = ceiling is not None and self.counters.in_flight >= ceiling
-        if delay_held or concurrency_held:
-            state.observe_hold(now, delay=delay_held, concurrency=concurrency_held)
-
-    def _apply_rampup(self, rampup: RampupLimit, now: float) -> None:
-        """Enforce what rampup decided, if it changed anything."""
         before = self.limit.limit
-        change = rampup.apply()
-        if change is None:
-            return
-        if change.delay != self.backoff.base_delay:
-            self.backoff.set_base_delay(change.delay)
-        if change.delay < change.old_delay:
-            # The spacing of the last send was drawn from the old delay.
-            backoff = self.backoff
-            self.gate.pull_in(
-                now + self.gate.spacing(backoff.delay, backed_off=bool(backoff.level))
-            )
-        self._raised(before)
-        self._count_rampup(change)
-
-    def _count_rampup(self, change: RampupChange) -> None:
-        stats = self._stats
-        if stats is not None:
-            if change.faster_steps > 0:
-                stats.inc_value("throttling/rampup/faster_count", change.faster_steps)
-            if change.slower_steps > 0:
-                stats.inc_value("throttling/rampup/slower_count", change.slower_steps)
-        if self._debug:
-            logger.debug(
-                "Rampup for scope %s: delay %.3fs -> %.3fs, concurrency %s -> %s",
-                self.id,
-                change.old_delay,
-                change.delay,
-                change.old_concurrency,
-                change.concurrency,
-            )
+        change = rampup.check(now, self.backoff, self.gate, self.counters.in_flight)
+        if change is not None:
+            self._raised(before)
+            _count_rampup(self, change)
 
     # -- eviction and state -------------------------------------------------------
 
@@ -381,91 +331,31 @@ class Scope:
             )
         return now - counters.last_seen > max_idle
 
-    def _inner_limit(self) -> ConcurrencyLimit:
+    @property
+    def strategy(self) -> ConcurrencyLimit:
+        """The concurrency-limit strategy under rampup (the limit itself
+        without rampup)."""
         return self.rampup.inner if self.rampup is not None else self.limit
-
-    def wait_reasons(self, now: float, amount: float | None) -> dict[str, float]:
-        """``{reason: seconds}`` for each time gate closed at *now*, read
-        without changing anything (see :mod:`~._explain`)."""
-        reasons: dict[str, float] = {}
-        backoff = self.backoff
-        hold = backoff.hold_until - now
-        if hold > 0:
-            reasons["backoff_hold"] = hold
-        spacing = self.gate.next_send_at - now
-        if spacing > 0:
-            if backoff.level:
-                reasons["backoff"] = spacing
-            elif 0 < backoff.base_delay <= self.gate.floor:
-                reasons["crawl_delay"] = spacing
-            else:
-                reasons["delay"] = spacing
-        quota = self.quota
-        if quota is not None:
-            quota_wait = quota.peek_wait(now, amount)
-            if quota_wait > 0:
-                reasons["quota"] = quota_wait
-        return reasons
 
     def state(self, now: float, manager: str) -> ScopeState:
         """A typed snapshot of the scope's state."""
-        backoff = self.backoff
-        learned = self.learned
-        quota = self.quota
-        return ScopeState(
-            scope=self.id,
-            manager=manager,
-            limit=self.limit.limit,
-            in_flight=self.counters.in_flight,
-            delay=backoff.delay,
-            base_delay=backoff.base_delay,
-            backoff_level=backoff.level,
-            backoff_wait=backoff.wait(now),
-            backoff_count=backoff.trigger_count,
-            delay_floor=self.gate.floor,
-            delay_wait=self.gate.wait(now),
-            learned_interval=learned.interval if learned is not None else None,
-            learned_accepted=learned.accepted if learned is not None else None,
-            quota_consumed=quota.consumed if quota is not None else None,
-            quota=quota.quota if quota is not None else None,
-            rampup=self._rampup_snapshot(),
-            adaptive=self._adaptive_state(),
-        )
+        return snapshot(self, now, manager)
 
-    def _rampup_snapshot(self) -> RampupSnapshot | None:
-        if self.rampup is None:
-            return None
-        state = self.rampup.state
-        return RampupSnapshot(
-            window_triggers=state.triggers,
-            latency=state.latency,
-            too_fast_delay=state.too_fast_delay,
-            faster_count=state.faster_steps,
-            slower_count=state.slower_steps,
-        )
 
-    def _adaptive_state(self) -> AdaptiveLimitState | None:
-        adaptive = self._inner_limit()
-        if not isinstance(adaptive, AdaptiveLimit):
-            return None
-        limit = adaptive.algorithm
-        samples = adaptive.samples
-        return AdaptiveLimitState(
-            limit_value=limit.limit,
-            floor=limit.minimum,
-            ceiling=adaptive.ceiling,
-            best_latency=limit.best,
-            last_latency=limit.last_latency,
-            latency_tolerance=limit.tolerance,
-            latency_window=limit.window,
-            increase_count=limit.increase_count,
-            decrease_count=limit.decrease_count,
-            overload_count=limit.overload_count,
-            rebaseline_count=limit.rebaseline_count,
-            slow_start=limit.in_slow_start,
-            probing=limit.probing,
-            round_size=limit.round_size,
-            latency_samples=samples,
-            at_floor_share=adaptive.at_floor / samples if samples else 0.0,
-            at_ceiling_share=adaptive.at_ceiling / samples if samples else 0.0,
+def _count_rampup(scope: Scope, change: RampupChange) -> None:
+    """The stats and the debug log of one rampup decision."""
+    stats = scope.stats
+    if stats is not None:
+        if change.faster_steps > 0:
+            stats.inc_value("throttling/rampup/faster_count", change.faster_steps)
+        if change.slower_steps > 0:
+            stats.inc_value("throttling/rampup/slower_count", change.slower_steps)
+    if scope.debug:
+        logger.debug(
+            "Rampup for scope %s: delay %.3fs -> %.3fs, concurrency %s -> %s",
+            scope.id,
+            change.old_delay,
+            change.delay,
+            change.old_concurrency,
+            change.concurrency,
         )

@@ -11,9 +11,13 @@ memory) as the default, so that a shared backend can count instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ._types import ScopeID
+from ._algorithms.concurrency import AdaptiveLimit
+
+if TYPE_CHECKING:
+    from ._scope import Scope
+    from ._types import ScopeID
 
 __all__ = [
     "AdaptiveLimitState",
@@ -21,6 +25,7 @@ __all__ = [
     "RampupSnapshot",
     "ScopeCounters",
     "ScopeState",
+    "snapshot",
 ]
 
 
@@ -161,3 +166,69 @@ class ScopeState:
                 at_ceiling_share=adaptive.at_ceiling_share,
             )
         return state
+
+
+def snapshot(scope: Scope, now: float, manager: str) -> ScopeState:
+    """The state of *scope* at *now*; *manager* names its scope manager."""
+    backoff = scope.backoff
+    learned = scope.learned
+    quota = scope.quota
+    return ScopeState(
+        scope=scope.id,
+        manager=manager,
+        limit=scope.limit.limit,
+        in_flight=scope.counters.in_flight,
+        delay=backoff.delay,
+        base_delay=backoff.base_delay,
+        backoff_level=backoff.level,
+        backoff_wait=backoff.wait(now),
+        backoff_count=backoff.trigger_count,
+        delay_floor=scope.gate.floor,
+        delay_wait=scope.gate.wait(now),
+        learned_interval=learned.interval if learned is not None else None,
+        learned_accepted=learned.accepted if learned is not None else None,
+        quota_consumed=quota.consumed if quota is not None else None,
+        quota=quota.quota if quota is not None else None,
+        rampup=_rampup_snapshot(scope),
+        adaptive=_adaptive_state(scope),
+    )
+
+
+def _rampup_snapshot(scope: Scope) -> RampupSnapshot | None:
+    if scope.rampup is None:
+        return None
+    state = scope.rampup.state
+    return RampupSnapshot(
+        window_triggers=state.triggers,
+        latency=state.latency,
+        too_fast_delay=state.too_fast_delay,
+        faster_count=state.faster_steps,
+        slower_count=state.slower_steps,
+    )
+
+
+def _adaptive_state(scope: Scope) -> AdaptiveLimitState | None:
+    adaptive = scope.strategy
+    if not isinstance(adaptive, AdaptiveLimit):
+        return None
+    limit = adaptive.algorithm
+    samples = adaptive.samples
+    return AdaptiveLimitState(
+        limit_value=limit.limit,
+        floor=limit.minimum,
+        ceiling=adaptive.ceiling,
+        best_latency=limit.best,
+        last_latency=limit.last_latency,
+        latency_tolerance=limit.tolerance,
+        latency_window=limit.window,
+        increase_count=limit.increase_count,
+        decrease_count=limit.decrease_count,
+        overload_count=limit.overload_count,
+        rebaseline_count=limit.rebaseline_count,
+        slow_start=limit.in_slow_start,
+        probing=limit.probing,
+        round_size=limit.round_size,
+        latency_samples=samples,
+        at_floor_share=adaptive.at_floor / samples if samples else 0.0,
+        at_ceiling_share=adaptive.at_ceiling / samples if samples else 0.0,
+    )

@@ -23,10 +23,14 @@ when :attr:`~ConcurrencyLimit.limit` rises.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .latency import LatencyLimit
 from .rampup import RampupState
+
+if TYPE_CHECKING:
+    from .backoff import BackoffState
+    from .delay_gate import DelayGate
 
 __all__ = [
     "AdaptiveLimit",
@@ -272,6 +276,49 @@ class RampupLimit:
             faster_steps=state.faster_steps - faster,
             slower_steps=state.slower_steps - slower,
         )
+
+    def check(
+        self, now: float, backoff: BackoffState, gate: DelayGate, in_flight: int
+    ) -> RampupChange | None:
+        """Close finished windows, enforce what rampup decided on *backoff*
+        and *gate*, and note what holds requests back; return the change."""
+        state = self.state
+        state.roll(now)
+        change = self.enforce(now, backoff, gate)
+        # Only a request held back by the delay or the concurrency that
+        # rampup controls tests them; a server-given hold tests nothing, nor
+        # does a lower limit under it (the adaptive one, whose ceiling
+        # rampup's value is).
+        delay_held = gate.next_send_at > now >= backoff.hold_until
+        ceiling = self.ceiling
+        concurrency_held = ceiling is not None and in_flight >= ceiling
+        if delay_held or concurrency_held:
+            state.observe_hold(now, delay=delay_held, concurrency=concurrency_held)
+        return change
+
+    def trigger(
+        self, now: float, backoff: BackoffState, gate: DelayGate
+    ) -> tuple[bool, RampupChange | None]:
+        """Count a backoff trigger; return whether rampup slowed down for it
+        (else the delay should grow exponentially) and what it changed."""
+        slowed = self.state.trigger(now)
+        return slowed, self.enforce(now, backoff, gate)
+
+    def enforce(
+        self, now: float, backoff: BackoffState, gate: DelayGate
+    ) -> RampupChange | None:
+        """Enforce rampup's delay on *backoff* and *gate* and its concurrency
+        on the inner strategy, if it changed anything."""
+        change = self.apply()
+        if change is None:
+            return None
+        if change.delay != backoff.base_delay:
+            backoff.set_base_delay(change.delay)
+        if change.delay < change.old_delay:
+            # The spacing of the last send was drawn from the old delay.
+            spacing = gate.spacing(backoff.delay, backed_off=bool(backoff.level))
+            gate.pull_in(now + spacing)
+        return change
 
     def __repr__(self) -> str:
         return f"RampupLimit({self.state!r}, {self.inner!r})"
