@@ -15,14 +15,12 @@ caller's, through *on_slots_raised*. The scope managers
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._algorithms import BackoffState, LearnedRate, QuotaWindow
+from ._algorithms import LearnedRate
 from ._algorithms.concurrency import ConcurrencyLimit, RampupChange, RampupLimit
-from ._algorithms.delay_gate import DelayGate
-from ._scope_state import LocalScopeCounters, ScopeCounters, ScopeState, snapshot
+from ._scope_state import ScopeCounters, ScopeParts, ScopeState, snapshot
 
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
@@ -50,30 +48,24 @@ class Scope:
         config: ScopeSettings,
         *,
         limit: ConcurrencyLimit,
-        backoff: BackoffState,
+        parts: ScopeParts,
         total_concurrency: int,
         clock: Callable[[], float],
         on_slots_raised: Callable[[int], None],
         stats: StatsCollector | None = None,
         debug: bool = False,
-        uniform: Callable[[float, float], float] = random.uniform,
-        counters: ScopeCounters | None = None,
     ) -> None:
         self.id = scope_id
         self.config = config
         self.limit = limit
         self.rampup = limit if isinstance(limit, RampupLimit) else None
-        self.backoff = backoff
-        self.gate = DelayGate(config.jitter, uniform=uniform)
-        self.quota = (
-            QuotaWindow(config.quota, config.window)
-            if config.quota is not None
-            else None
-        )
+        self.backoff = parts.backoff
+        self.gate = parts.gate
+        self.quota = parts.quota
         #: The pace learned from 429 answers; created by the first one, so
         #: that scopes never refused cost nothing.
         self.learned: LearnedRate | None = None
-        self.counters: ScopeCounters = counters or LocalScopeCounters()
+        self.counters: ScopeCounters = parts.counters
         self.clock = clock
         self._on_slots_raised = on_slots_raised
         self._total_concurrency = total_concurrency

@@ -12,7 +12,6 @@ each send, as Scrapy's ``DOWNLOAD_DELAY`` always was.
 from __future__ import annotations
 
 import logging
-import random
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
@@ -21,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
-from ._algorithms import BackoffState, RampupPolicy, RampupState
+from ._algorithms import RampupPolicy, RampupState
 from ._algorithms.concurrency import ConcurrencyLimit, FixedLimit, RampupLimit
 from ._scope import Scope
+from ._scope_state import LocalScopeStore, ScopeStore
 from ._settings import ScopeSettings, ThrottlingSettings
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ class ThrottlingScopeManager:
     overriding :meth:`build_limit`.
     """
 
+    #: Where the state of the scope is kept (this process's memory).
+    state_store: ScopeStore = LocalScopeStore()
+
     def __init__(self, crawler: Crawler, config: dict[str, Any]) -> None:
         self.crawler = crawler
         self.id: str = str(config.get("id", ""))
@@ -58,8 +61,8 @@ class ThrottlingScopeManager:
         self.clock: Callable[[], float] = monotonic
         self._slot_waiters: deque[Deferred[None]] = deque()
         settings = self.config
-        backoff = BackoffState(settings.backoff, settings.delay)
-        rampup = self._build_rampup(backoff.base_delay)
+        parts = self.state_store.parts(self.id, settings)
+        rampup = self._build_rampup(parts.backoff.base_delay)
         ceiling = settings.concurrency if rampup is None else rampup.concurrency
         limit = self.build_limit(ceiling)
         if rampup is not None:
@@ -68,13 +71,12 @@ class ThrottlingScopeManager:
             self.id,
             settings,
             limit=limit,
-            backoff=backoff,
+            parts=parts,
             total_concurrency=self._total_concurrency,
             clock=self._now,
             on_slots_raised=self._on_slots_raised,
             stats=self._stats,
             debug=self._debug,
-            uniform=random.uniform,
         )
 
     @classmethod

@@ -1,30 +1,47 @@
-"""The state of one scope, typed: what diagnostics, explain and stats read.
+"""The state of one scope: where it is kept, and the typed snapshot of it.
+
+A scope's state is its counters (:class:`ScopeCounters`: in flight, last
+use), its delay gate (next send time), its backoff state (hold, level,
+delay) and its quota window; the adaptive limit is its concurrency-limit
+strategy. A :class:`ScopeStore` builds these parts for each scope;
+:class:`LocalScopeStore` (this process's memory) is the default, so that a
+shared backend can provide parts of its own (the same interfaces, kept
+elsewhere) without touching the algorithms or the scope that drives them.
+Today the Redis backend (``_shared_state.py``) works beside the local
+parts, through the scope managers' ``next_spacing``, ``backoff_wait`` and
+``refund_send``.
 
 :class:`ScopeState` is a snapshot taken by
 :meth:`~scrapy_adaptive_throttle.ThrottlingScopeManager.scope_state`;
 :meth:`ScopeState.as_dict` is the ``get_state()`` dictionary the scope-manager
-protocol documents, key for key. :class:`ScopeCounters` is what a scope
-counts, behind an interface, with :class:`LocalScopeCounters` (this process's
-memory) as the default, so that a shared backend can count instead.
+protocol documents, key for key.
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._algorithms import BackoffState, QuotaWindow
 from ._algorithms.concurrency import AdaptiveLimit
+from ._algorithms.delay_gate import DelayGate
 
 if TYPE_CHECKING:
     from ._scope import Scope
+    from ._settings import ScopeSettings
     from ._types import ScopeID
 
 __all__ = [
     "AdaptiveLimitState",
     "LocalScopeCounters",
+    "LocalScopeStore",
     "RampupSnapshot",
     "ScopeCounters",
+    "ScopeParts",
     "ScopeState",
+    "ScopeStore",
     "snapshot",
 ]
 
@@ -46,6 +63,47 @@ class LocalScopeCounters:
     def __init__(self) -> None:
         self.in_flight = 0
         self.last_seen: float | None = None
+
+
+@dataclass(frozen=True)
+class ScopeParts:
+    """The state of one scope, part by part, as a :class:`ScopeStore` keeps it."""
+
+    counters: ScopeCounters
+    #: The next send time, the jitter and the floor.
+    gate: DelayGate
+    #: The backoff hold, level and delay.
+    backoff: BackoffState
+    #: The quota window (``None``: the scope has no quota).
+    quota: QuotaWindow | None
+
+
+class ScopeStore(Protocol):
+    """Where the state of each scope is kept."""
+
+    def parts(self, scope_id: ScopeID, config: ScopeSettings) -> ScopeParts:
+        """The state of a new scope *scope_id* configured by *config*."""
+
+
+class LocalScopeStore:
+    """:class:`ScopeStore` in this process's memory (the default).
+
+    :param uniform: the random source of the jitter.
+    """
+
+    def __init__(
+        self, uniform: Callable[[float, float], float] = random.uniform
+    ) -> None:
+        self.uniform = uniform
+
+    def parts(self, scope_id: ScopeID, config: ScopeSettings) -> ScopeParts:
+        quota = config.quota
+        return ScopeParts(
+            counters=LocalScopeCounters(),
+            gate=DelayGate(config.jitter, uniform=self.uniform),
+            backoff=BackoffState(config.backoff, config.delay),
+            quota=QuotaWindow(quota, config.window) if quota is not None else None,
+        )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,11 @@ from scrapy_adaptive_throttle._algorithms.concurrency import (
     FixedLimit,
     RampupLimit,
 )
-from scrapy_adaptive_throttle._scope_state import ScopeState
+from scrapy_adaptive_throttle._scope_state import (
+    LocalScopeStore,
+    ScopeParts,
+    ScopeState,
+)
 from scrapy_adaptive_throttle._wiring import get_throttler
 
 SCOPE = "api.example.com"
@@ -103,3 +107,43 @@ def test_latency_adaptation_within_rampup_follows_rampups_ceiling() -> None:
     assert scope.rampup.state.concurrency == 5
     assert manager.ceiling == 5
     assert 1 <= manager.concurrency <= 5
+
+
+class SharedCountersStore(LocalScopeStore):
+    """A stand-in for a shared backend: every scope manager of a scope id
+    gets the same counters and delay gate (as two processes sharing Redis
+    would), the rest stays local."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared: dict[str, ScopeParts] = {}
+
+    def parts(self, scope_id: str, config: Any) -> ScopeParts:
+        local = super().parts(scope_id, config)
+        first = self.shared.setdefault(scope_id, local)
+        return ScopeParts(
+            counters=first.counters,
+            gate=first.gate,
+            backoff=local.backoff,
+            quota=local.quota,
+        )
+
+
+def test_a_store_replaces_where_the_state_is_kept() -> None:
+    store = SharedCountersStore()
+
+    class SharedScopeManager(ThrottlingScopeManager):
+        state_store = store
+
+    config = {"concurrency": 2, "delay": 1.0}
+    one = make_manager(SharedScopeManager, config)
+    other = make_manager(SharedScopeManager, config)
+    assert one.scope is not other.scope
+    one.record_sent(10.0)
+    # The other manager sees the send: its gate is closed, one slot is taken.
+    assert other.can_send(10.5) == pytest.approx(0.5)
+    other.record_sent(11.0)
+    assert one.concurrency_blocked()
+    assert other.concurrency_blocked()
+    one.record_done(11.5)
+    assert not other.concurrency_blocked()
