@@ -23,10 +23,9 @@ measures the cost with 100 000 scopes.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -34,14 +33,17 @@ from scrapy import Request, signals
 from scrapy.extensions.telnet import update_telnet_vars
 from scrapy.utils.asyncio import create_looping_call
 
-from ._explain import REASONS, Explanation, primary_reason, scope_wait_reasons
+from ._explain import Explanation, primary_reason, scope_wait_reasons
 from ._meta_keys import DOWNLOAD_LATENCY_META_KEY, RESOLVED_SCOPES_META_KEY
-from ._settings import (
-    ThrottlingSettings,
-    report_invalid_setting,
-    to_bool,
-    to_float,
-    to_int,
+from ._observability_settings import ObservabilitySettings
+from ._progress import Survey, format_progress, set_gauges, survey
+from ._scope_manager import ThrottlingScopeManager
+from ._scope_stats import (
+    LISTED_SCOPES,
+    choose_stats_scopes,
+    format_state,
+    set_latency_summary,
+    set_scope_stats,
 )
 from ._timeline import ScopeTraffic, TimelineWriter
 from ._types import ScopeID, dont_track, iter_scopes
@@ -51,95 +53,19 @@ if TYPE_CHECKING:
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from scrapy.settings import BaseSettings
     from typing_extensions import Self
 
-__all__ = ["ObservabilitySettings", "ThrottlingDiagnostics"]
+__all__ = [
+    "ObservabilitySettings",
+    "Survey",
+    "ThrottlingDiagnostics",
+    "format_state",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two logs of scope states with THROTTLING_DEBUG.
 LOG_INTERVAL = 10.0
-#: Scopes named in each periodic log line, and per stats list at close.
-LISTED_SCOPES = 10
-#: Scopes named as the busiest in the progress line.
-PROGRESS_SCOPES = 3
-#: Configured scopes given per-scope stats at close, at most.
-CONFIGURED_STATS_SCOPES = 50
-#: A scope is "pinned" at a bound when at least this share of its latency
-#: samples was taken there ...
-PINNED_SHARE = 0.5
-#: ... out of at least this many samples (fewer say nothing about a host).
-PINNED_MIN_SAMPLES = 20
-
-
-@dataclass(frozen=True)
-class ObservabilitySettings:
-    """The settings of this extension, read and validated once."""
-
-    progress: bool
-    progress_interval: float
-    timeline_file: str | None
-    timeline_interval: float
-    timeline_scopes: int
-    stats_scopes: int
-    debug: bool
-
-    @classmethod
-    def from_crawler(cls, crawler: Crawler) -> ObservabilitySettings:
-        throttling = ThrottlingSettings.from_crawler(crawler)
-        try:
-            return cls._read(crawler.settings, throttling)
-        except ValueError as exc:
-            report_invalid_setting(exc)
-            raise
-
-    @classmethod
-    def _read(
-        cls, settings: BaseSettings, throttling: ThrottlingSettings
-    ) -> ObservabilitySettings:
-        timeline = settings.get("THROTTLING_TIMELINE_FILE")
-        if timeline is not None and not isinstance(timeline, (str, Path)):
-            raise ValueError(
-                f"Invalid THROTTLING_TIMELINE_FILE value {timeline!r}: expected a path"
-            )
-        return cls(
-            progress=to_bool(
-                settings.get("THROTTLING_PROGRESS", True), "THROTTLING_PROGRESS"
-            ),
-            progress_interval=to_float(
-                settings.get("LOGSTATS_INTERVAL", 60.0), "LOGSTATS_INTERVAL"
-            ),
-            timeline_file=str(timeline) if timeline else None,
-            timeline_interval=to_float(
-                settings.get("THROTTLING_TIMELINE_INTERVAL", 1.0),
-                "THROTTLING_TIMELINE_INTERVAL",
-                minimum=0.01,
-            ),
-            timeline_scopes=to_int(
-                settings.get("THROTTLING_TIMELINE_SCOPES", 10),
-                "THROTTLING_TIMELINE_SCOPES",
-                minimum=1,
-            ),
-            stats_scopes=to_int(
-                settings.get("THROTTLING_STATS_SCOPES", 10), "THROTTLING_STATS_SCOPES"
-            ),
-            debug=throttling.debug,
-        )
-
-
-@dataclass
-class Survey:
-    """One pass over the live scopes: what the progress line and the gauges say."""
-
-    scopes: int = 0
-    in_flight: int = 0
-    #: Scopes with requests waiting in the scheduler, by the reason they wait.
-    held: dict[str, int] | None = None
-    busiest: list[tuple[int, ScopeID, Any]] | None = None
-    longest_hold: float = 0.0
-    longest_hold_scope: ScopeID | None = None
-    scheduler_requests: int | None = None
 
 
 class ThrottlingDiagnostics:
@@ -162,7 +88,9 @@ class ThrottlingDiagnostics:
         self.traffic = ScopeTraffic(track_interval=bool(self.settings.timeline_file))
         self.timeline: TimelineWriter | None = None
         self._timeline_stream: IO[str] | None = None
-        self._started = time.monotonic()
+        #: The clock of the timeline's sample times (injected for tests).
+        self.wall_clock: Callable[[], float] = time.monotonic
+        self._started = self.wall_clock()
         self._last_sample = self._started
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
@@ -204,12 +132,12 @@ class ThrottlingDiagnostics:
 
     def _clock(self) -> float:
         clock = getattr(self.throttler, "clock", None)
-        return float(clock()) if clock is not None else time.monotonic()
+        return float(clock()) if clock is not None else self.wall_clock()
 
     # -- signals -----------------------------------------------------------------
 
     def spider_opened(self) -> None:
-        self._started = self._last_sample = time.monotonic()
+        self._started = self._last_sample = self.wall_clock()
         if self.debug:
             self.task = create_looping_call(self.log_states)
             self.task.start(LOG_INTERVAL, now=False)
@@ -261,34 +189,9 @@ class ThrottlingDiagnostics:
     def survey(self, now: float) -> Survey:
         """One pass over the live scopes (bounded work per scope)."""
         managers = self._managers()
-        survey = Survey(scopes=len(managers), held=dict.fromkeys(REASONS, 0))
-        assert survey.held is not None
-        in_flight = 0
-        longest = 0.0
-        longest_scope = None
-        busy: list[tuple[int, ScopeID, Any]] = []
-        # One pass of attribute reads: this runs over every live scope.
-        for scope, manager in managers.items():
-            active = getattr(manager, "active", 0)
-            if active:
-                in_flight += active
-                busy.append((active, scope, manager))
-            backoff = getattr(manager, "_backoff", None)
-            if backoff is not None and backoff.hold_until - now > longest:
-                longest, longest_scope = backoff.hold_until - now, scope
-        survey.in_flight = in_flight
-        survey.longest_hold = longest
-        survey.longest_hold_scope = longest_scope
-        survey.busiest = heapq.nlargest(PROGRESS_SCOPES, busy, key=lambda item: item[0])
-        for scope in self._pending_scopes(managers):
-            manager = managers.get(scope)
-            if manager is None:
-                continue
-            reason = primary_reason(scope_wait_reasons(manager, now))
-            if reason is not None:
-                survey.held[reason] = survey.held.get(reason, 0) + 1
-        survey.scheduler_requests = self._scheduler_requests()
-        return survey
+        result = survey(managers, self._pending_scopes(managers), now)
+        result.scheduler_requests = self._scheduler_requests()
+        return result
 
     def _pending_scopes(self, managers: dict[ScopeID, Any]) -> Iterable[ScopeID]:
         """Scopes with requests waiting in the throttling-aware queue (every
@@ -333,56 +236,12 @@ class ThrottlingDiagnostics:
 
     def set_gauges(self, survey: Survey) -> None:
         stats = self.crawler.stats
-        if stats is None:
-            return
-        stats.set_value("throttling/live/scopes", survey.scopes)
-        stats.set_value("throttling/live/in_flight", survey.in_flight)
-        held = survey.held or {}
-        stats.set_value("throttling/live/held_scopes", sum(held.values()))
-        for reason, count in held.items():
-            stats.set_value(f"throttling/live/held/{reason}", count)
-        stats.set_value("throttling/live/longest_hold", round(survey.longest_hold, 3))
-        if survey.scheduler_requests is not None:
-            stats.set_value(
-                "throttling/live/scheduler_requests", survey.scheduler_requests
-            )
+        if stats is not None:
+            set_gauges(stats, survey)
 
     def format_progress(self, survey: Survey, now: float) -> str:
         """The progress line (one line, a few hundred characters at most)."""
-        from ._decisions import last_backoff_cause
-
-        parts = [f"Throttling: {survey.scopes} scope(s), {survey.in_flight} in flight"]
-        held = {reason: n for reason, n in (survey.held or {}).items() if n}
-        if held:
-            parts.append(
-                f"{sum(held.values())} holding requests back ("
-                + ", ".join(f"{reason}={n}" for reason, n in held.items())
-                + ")"
-            )
-        else:
-            parts.append("none holding requests back")
-        if survey.busiest:
-            described = []
-            for active, scope, manager in survey.busiest:
-                limit = getattr(manager, "concurrency", None)
-                text = f"{scope} ({active}/{'-' if limit is None else limit} in flight"
-                histogram = self.traffic.latencies.get(scope)
-                if histogram is not None:
-                    (p50,) = histogram.percentiles(0.5)
-                    if p50 is not None:
-                        text += f", p50 {p50 * 1000:.0f} ms"
-                described.append(text + ")")
-            parts.append("busiest: " + ", ".join(described))
-        if survey.longest_hold_scope is not None:
-            manager = self._managers().get(survey.longest_hold_scope)
-            cause = last_backoff_cause(manager) if manager is not None else None
-            parts.append(
-                f"longest server hold {survey.longest_hold:.1f}s on "
-                f"{survey.longest_hold_scope}" + (f" ({cause})" if cause else "")
-            )
-        if survey.scheduler_requests is not None:
-            parts.append(f"{survey.scheduler_requests} request(s) in the scheduler")
-        return "; ".join(parts)
+        return format_progress(survey, self.traffic, self._managers())
 
     # -- timeline -------------------------------------------------------------
 
@@ -390,7 +249,7 @@ class ThrottlingDiagnostics:
         """Write one timeline sample (see :setting:`THROTTLING_TIMELINE_FILE`)."""
         if self.timeline is None:
             return
-        wall = time.monotonic()
+        wall = self.wall_clock()
         interval = wall - self._last_sample
         self._last_sample = wall
         now = self._clock()
@@ -428,17 +287,12 @@ class ThrottlingDiagnostics:
         """The scopes given per-scope stats at close: the configured ones
         (up to 50) and the :setting:`THROTTLING_STATS_SCOPES` busiest."""
         config = getattr(self.throttler, "config", None)
-        configured = list(config.scopes)[:CONFIGURED_STATS_SCOPES] if config else []
-        managers = self._managers()
-        chosen = [
-            scope
-            for scope in configured
-            if scope in self.traffic.responses or scope in managers
-        ]
-        for scope in self.traffic.top(self.settings.stats_scopes):
-            if scope not in chosen:
-                chosen.append(scope)
-        return chosen
+        return choose_stats_scopes(
+            config.scopes if config else (),
+            self.traffic,
+            self._managers(),
+            self.settings.stats_scopes,
+        )
 
     def set_scope_stats(self) -> None:
         """Final limit, latency percentiles and responses of a bounded set of
@@ -447,23 +301,12 @@ class ThrottlingDiagnostics:
         if stats is None:
             return
         now = self._clock()
-        for scope in self.stats_scopes():
-            prefix = f"throttling/scopes/{scope}"
-            stats.set_value(
-                f"{prefix}/response_count", self.traffic.responses.get(scope, 0)
-            )
-            histogram = self.traffic.latencies.get(scope)
-            if histogram is not None:
-                for name, value in zip(
-                    ("latency_p50", "latency_p90", "latency_p99"),
-                    histogram.percentiles(0.5, 0.9, 0.99),
-                    strict=True,
-                ):
-                    if value is not None:
-                        stats.set_value(f"{prefix}/{name}", round(value, 4))
+
+        def limit_of(scope: ScopeID) -> int | None:
             state = self._state(scope, now)
-            if state is not None and state.get("limit") is not None:
-                stats.set_value(f"{prefix}/limit", state["limit"])
+            return state.get("limit") if state is not None else None
+
+        set_scope_stats(stats, self.stats_scopes(), self.traffic, limit_of)
 
     def log_states(self) -> None:
         """Log the busiest scopes (most requests in flight, then highest limit)."""
@@ -485,59 +328,11 @@ class ThrottlingDiagnostics:
         stats = self.crawler.stats
         if stats is None:
             return
-        adaptive = [state for state in self._states() if "ceiling" in state]
-        if not adaptive:
-            return
-        fixed = [s for s in adaptive if s["ceiling"] <= s["floor"]]
-        adapting = [
-            s
-            for s in adaptive
-            if s["ceiling"] > s["floor"]
-            and s.get("latency_samples", 0) >= PINNED_MIN_SAMPLES
-        ]
-        stats.set_value("throttling/latency/scope_count", len(adaptive))
-        stats.set_value("throttling/latency/fixed_count", len(fixed))
-        for bound in ("floor", "ceiling"):
-            share_key = f"at_{bound}_share"
-            pinned = sorted(
-                (s for s in adapting if s.get(share_key, 0.0) >= PINNED_SHARE),
-                key=lambda state: state.get("latency_samples", 0),
-                reverse=True,
-            )
-            stats.set_value(f"throttling/latency/pinned_{bound}_count", len(pinned))
-            if pinned:
-                names = [str(state["scope"]) for state in pinned[:LISTED_SCOPES]]
-                stats.set_value(f"throttling/latency/pinned_{bound}_scopes", names)
-                logger.info(
-                    "Throttling: %d scope(s) spent most of the crawl with their "
-                    "concurrency limit at its %s: %s%s",
-                    len(pinned),
-                    bound,
-                    ", ".join(names),
-                    ", ..." if len(pinned) > len(names) else "",
-                )
-
-
-def format_state(state: dict[str, Any]) -> str:
-    """One scope's state in a few words, for the log."""
-    parts = [f"{state.get('scope')}: limit {state.get('limit')}"]
-    if "ceiling" in state:
-        parts[0] += (
-            f" ({state['limit_value']:.1f} in [{state['floor']}, {state['ceiling']}])"
-        )
-        best = state.get("best_latency")
-        last = state.get("last_latency")
-        if best is not None:
-            parts.append(f"best {best * 1000:.0f} ms")
-        if last is not None:
-            parts.append(f"last {last * 1000:.0f} ms")
-    parts.append(f"in flight {state.get('in_flight')}")
-    delay = state.get("delay")
-    if delay:
-        parts.append(f"delay {delay:.3g} s")
-    if state.get("backoff_level"):
-        parts.append(
-            f"backoff level {state['backoff_level']} "
-            f"(wait {state.get('backoff_wait', 0.0):.3g} s)"
-        )
-    return ", ".join(parts)
+        now = self._clock()
+        adaptive = []
+        for scope, manager in list(self._managers().items()):
+            if isinstance(manager, ThrottlingScopeManager):
+                state = manager.scope_state(now).adaptive
+                if state is not None:
+                    adaptive.append((scope, state))
+        set_latency_summary(stats, adaptive)

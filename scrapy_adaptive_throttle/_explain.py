@@ -34,9 +34,13 @@ from ._meta_keys import (
     DELAYED_META_KEY,
     RESOLVED_SCOPES_META_KEY,
 )
+from ._scope import Scope
+from ._scope_state import ScopeState
 from ._types import ScopeID, iter_scope_values
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._manager import ThrottlingManager
 
 __all__ = ["Explanation", "ScopeExplanation", "explain", "scope_wait_reasons"]
@@ -153,47 +157,43 @@ def scope_wait_reasons(
     scope manager is asked through its protocol (``can_send``,
     ``concurrency_blocked``) and answers ``"other"``.
     """
-    reasons: dict[str, float] = {}
-    backoff = getattr(manager, "_backoff", None)
-    if backoff is not None and hasattr(manager, "_next_allowed"):
-        hold = backoff.hold_until - now
-        if hold > 0:
-            reasons["backoff_hold"] = hold
-        spacing = manager._next_allowed - now
-        if spacing > 0:
-            if backoff.level:
-                reasons["backoff"] = spacing
-            elif 0 < backoff.base_delay <= manager._delay_floor:
-                reasons["crawl_delay"] = spacing
-            else:
-                reasons["delay"] = spacing
-        quota = getattr(manager, "_quota", None)
-        if quota is not None:
-            quota_wait = _quota_wait(quota, now, amount)
-            if quota_wait > 0:
-                reasons["quota"] = quota_wait
+    scope = getattr(manager, "scope", None)
+    if isinstance(scope, Scope):
+        reasons = _time_gate_reasons(scope, now, amount)
     else:
         can_send = getattr(manager, "can_send", None)
         wait = float(can_send(now, amount)) if can_send is not None else 0.0
-        if wait > 0:
-            reasons["other"] = wait
+        reasons = {"other": wait} if wait > 0 else {}
     blocked = getattr(manager, "concurrency_blocked", None)
     if blocked is not None and blocked():
         reasons["concurrency"] = 0.0
     return reasons
 
 
-def _quota_wait(quota: Any, now: float, amount: float | None) -> float:
-    # QuotaWindow.wait rolls the window forward; that is what the gate would
-    # do at the same time, and the answer does not depend on it.
-    start = quota.window_start
-    if start is None or quota.consumed <= 0:
-        return 0.0
-    if quota.window > 0 and now - start >= quota.window:
-        return 0.0
-    if quota.consumed + (amount or 0.0) <= quota.quota:
-        return 0.0
-    return float(max(0.0, start + quota.window - now))
+def _time_gate_reasons(
+    scope: Scope, now: float, amount: float | None
+) -> dict[str, float]:
+    """``{reason: seconds}`` for each time gate of *scope* closed at *now*."""
+    reasons: dict[str, float] = {}
+    backoff = scope.backoff
+    hold = backoff.hold_until - now
+    if hold > 0:
+        reasons["backoff_hold"] = hold
+    spacing = scope.gate.next_send_at - now
+    if spacing > 0:
+        if backoff.level:
+            reasons["backoff"] = spacing
+        elif 0 < backoff.base_delay <= scope.gate.floor:
+            reasons["crawl_delay"] = spacing
+        else:
+            reasons["delay"] = spacing
+    quota = scope.quota
+    if quota is not None:
+        # QuotaWindow.wait would roll the window forward; reading changes nothing.
+        quota_wait = quota.peek_wait(now, amount)
+        if quota_wait > 0:
+            reasons["quota"] = quota_wait
+    return reasons
 
 
 def primary_reason(reasons: dict[str, float]) -> str | None:
@@ -232,13 +232,29 @@ def explain_scope(
             state={},
         )
     reasons = scope_wait_reasons(manager, now, amount)
+    timed = [wait for reason, wait in reasons.items() if reason != "concurrency"]
+    scope_state = getattr(manager, "scope_state", None)
+    if isinstance(getattr(manager, "scope", None), Scope) and scope_state is not None:
+        typed: ScopeState = scope_state(now)
+        return ScopeExplanation(
+            scope=scope_id,
+            reason=primary_reason(reasons),
+            wait=max(timed, default=0.0),
+            reasons=reasons,
+            limit=typed.limit,
+            in_flight=typed.in_flight,
+            delay=typed.delay,
+            backoff_level=typed.backoff_level,
+            backoff_cause=last_backoff_cause(manager),
+            known=True,
+            state=typed.as_dict(),
+        )
     get_state = getattr(manager, "get_state", None)
     state: dict[str, Any] = (
         dict(get_state(now))
         if get_state is not None
         else {"scope": scope_id, "manager": type(manager).__name__}
     )
-    timed = [wait for reason, wait in reasons.items() if reason != "concurrency"]
     return ScopeExplanation(
         scope=scope_id,
         reason=primary_reason(reasons),
@@ -285,7 +301,10 @@ def explain(
     )
 
 
-def _remaining_request_delay(request: Request) -> float:
+def _remaining_request_delay(
+    request: Request, wall_clock: Callable[[], float] = time.time
+) -> float:
+    # The deadline is a wall-clock time: it survives a JOBDIR restart.
 
     meta = request.meta
     if not meta.get(DELAY_META_KEY) or meta.get(DELAYED_META_KEY):
@@ -296,4 +315,4 @@ def _remaining_request_delay(request: Request) -> float:
             return max(0.0, float(meta[DELAY_META_KEY]))
         except (TypeError, ValueError):
             return 0.0
-    return max(0.0, float(deadline) - time.time())
+    return max(0.0, float(deadline) - wall_clock())

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 import weakref
-from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from ._algorithms import LatencyLimit
+from ._algorithms.concurrency import AdaptiveLimit, ConcurrencyLimit
 from ._decisions import limit_changed
 from ._native import register_latency_scope
 from ._scope_manager import ThrottlingScopeManager
@@ -78,138 +78,81 @@ class LatencyScopeManager(ThrottlingScopeManager):
     """
 
     def __init__(self, crawler: Crawler, config: dict[str, Any]) -> None:
-        # Set before the base __init__, which assigns self._concurrency (the
-        # ceiling here, see the property below) before anything else exists.
-        self._ceiling = 1
-        self._latency_limit: LatencyLimit | None = None
         super().__init__(crawler, config)
-        settings = self.config
-        self._latency_limit = limit = LatencyLimit(
-            initial=settings.initial_concurrency,
-            minimum=self._min_concurrency,
-            maximum=self._ceiling,
-            tolerance=settings.latency_tolerance,
-            window=settings.latency_window,
-            resolution=LATENCY_RESOLUTION,
-        )
-        self._current = limit.current()
-        self._http_codes = settings.http_codes
-        self._backoff_at: float | None = None
-        # Latency samples, and those taken at the floor or at the ceiling:
-        # a scope that spends most of its crawl at either bound is worth a
-        # look (the guide's diagnostic hook), and says so in the stats.
-        self._samples = 0
-        self._at_floor = 0
-        self._at_ceiling = 0
+        adaptive = self.adaptive_limit
+        limit = adaptive.algorithm
         # With rampup, the ceiling starts at the floor and ramps up: that is
         # not a configuration with nothing to adapt.
-        if limit.maximum <= limit.minimum and settings.rampup is None:
+        if limit.maximum <= limit.minimum and self.config.rampup is None:
             self._warn_nothing_to_adapt()
         # Under Scrapy's own throttling manager, latency samples come from
         # LatencySampleMiddleware, which finds this scope manager here.
         register_latency_scope(crawler, self)
 
-    # The base class keeps its fixed limit in ``_concurrency``; here that is
-    # the ceiling of the adaptive limit, so that anything the base class
-    # does to it (robots.txt, rampup) moves the ceiling.
-    @property
-    def _concurrency(self) -> int:
-        return self._ceiling
-
-    @_concurrency.setter
-    def _concurrency(self, value: int | None) -> None:
-        if value is None:
-            # No scope limit: CONCURRENT_REQUESTS is the only one left.
-            value = self._total_concurrency
-        self._ceiling = max(1, int(value))
-        limit = self._latency_limit
-        if limit is not None:
-            limit.set_bounds(self._min_concurrency, self._ceiling)
-            self._set_current(limit.current())
+    def build_limit(self, ceiling: int | None) -> ConcurrencyLimit:
+        """A limit adapted to the scope's latency, under *ceiling* (no
+        ceiling: :setting:`CONCURRENT_REQUESTS`)."""
+        settings = self.config
+        maximum = AdaptiveLimit.to_ceiling(ceiling, self._total_concurrency)
+        algorithm = LatencyLimit(
+            initial=settings.initial_concurrency,
+            minimum=self._min_concurrency,
+            maximum=maximum,
+            tolerance=settings.latency_tolerance,
+            window=settings.latency_window,
+            resolution=LATENCY_RESOLUTION,
+        )
+        return AdaptiveLimit(
+            algorithm, ceiling=maximum, no_ceiling=self._total_concurrency
+        )
 
     # -- concurrency ------------------------------------------------------
 
     @property
+    def adaptive_limit(self) -> AdaptiveLimit:
+        """The latency-adaptive strategy of this scope (under rampup, if any)."""
+        strategy = self.scope.strategy
+        assert isinstance(strategy, AdaptiveLimit)
+        return strategy
+
+    @property
     def concurrency(self) -> int:
         """The adaptive limit, in whole requests, enforced now."""
-        return self._current
+        return self.adaptive_limit.limit
 
     @property
     def ceiling(self) -> int:
         """The highest limit adaptation may reach."""
-        return self._ceiling
+        return self.adaptive_limit.ceiling
 
     @property
     def latency_limit(self) -> LatencyLimit:
         """The adaptive limit's algorithm state (read-only use, please)."""
-        assert self._latency_limit is not None
-        return self._latency_limit
+        return self.adaptive_limit.algorithm
 
     def set_concurrency(self, concurrency: int) -> None:
         """Set the ceiling of the adaptive limit (never below ``min_concurrency``).
 
         A robots.txt Crawl-delay sets it to 1, which pins the limit there.
         """
-        self._concurrency = max(self._min_concurrency, int(concurrency))
+        self.scope.set_concurrency(concurrency)
 
     def concurrency_blocked(self) -> bool:
         """Whether the scope is at its adaptive limit."""
-        return self.active >= self._current
+        return self.scope.concurrency_blocked()
 
     def get_load(self) -> float:
         """Active requests / the adaptive limit."""
-        return self.active / self._current
+        return self.scope.get_load()
 
     def _set_current(self, new: int) -> None:
-        old = self._current
-        self._current = new
+        # Enforce *new* until the next adaptation (kept for tests and tools).
+        old = self.adaptive_limit.limit
+        self.adaptive_limit.set_limit(new)
         if new > old:
-            self._on_limit_raised(new - old)
-
-    def _on_limit_raised(self, slots: int) -> None:
-        # Requests waiting for this scope must hear of the new slots: gate
-        # waiters through slot events, the scheduler queue through the
-        # manager's release listeners.
-        throttler = getattr(self.crawler, "throttler", None)
-        notify = getattr(throttler, "notify_slots_changed", None)
-        for _ in range(slots):
-            self.wake_waiter()
-            if notify is not None:
-                notify(self.id)
+            self._on_slots_raised(new - old)
 
     # -- adapting ---------------------------------------------------------------
-
-    def record_sent(
-        self, now: float | None = None, amount: float | None = None
-    ) -> None:
-        """Record a send, and tell the adaptive limit how many are in flight.
-
-        The in-flight count at send time is the load the answer's latency
-        measures (the baseline is made of the least loaded answers).
-        """
-        if now is None:
-            now = monotonic()
-        super().record_sent(now, amount)
-        limit = self._latency_limit
-        if limit is not None:
-            limit.on_sent(now, self.active)
-
-    def record_backoff(
-        self, delay: float | None = None, now: float | None = None, cap: bool = True
-    ) -> None:
-        """Apply a backoff trigger and halve the limit.
-
-        The base class holds the scope for the backoff delay (at least
-        *delay*, e.g. Retry-After); the halving comes before any latency rule
-        for the same response (:meth:`record_response` then ignores it).
-        """
-        if now is None:
-            now = monotonic()
-        super().record_backoff(delay, now, cap)
-        limit = self.latency_limit
-        limit.on_overload(now)
-        self._current = limit.current()
-        self._backoff_at = now
 
     def record_response(
         self, latency: float | None, status: int | None, now: float | None = None
@@ -217,69 +160,18 @@ class LatencyScopeManager(ThrottlingScopeManager):
         """Adapt the limit to one response's latency (seconds) and status.
 
         Responses without a latency (cached, or not downloaded) are ignored,
-        as are backoff codes (already handled by :meth:`record_backoff`).
-        Error pages (status >= 400) may lower the limit but never raise it.
+        as are backoff codes and the response that triggered a backoff
+        (already handled by :meth:`record_backoff`). Error pages (status >=
+        400) may lower the limit but never raise it.
         """
         if latency is None:
             return
-        if now is None:
-            now = monotonic()
-        limit = self._latency_limit
-        assert limit is not None
-        if now == self._backoff_at or status in self._http_codes:
-            return
-        if status is not None and status >= 400:
-            limit.on_error_response(now, latency)
-        else:
-            limit.on_response(now, latency, self.active)
-        current = limit.current()
-        if current != self._current:
-            limit_changed(self, self._current, current, now)
-            self._set_current(current)
-        self._samples += 1
-        if current <= limit.minimum:
-            self._at_floor += 1
-        elif current >= self._ceiling:
-            self._at_ceiling += 1
+        now = self._now() if now is None else now
+        changed = self.scope.record_response(latency, status, now)
+        if changed is not None:
+            limit_changed(self, changed[0], changed[1], now)
 
     # -- diagnostics -----------------------------------------------------------------
-
-    def get_state(self, now: float | None = None) -> dict[str, Any]:
-        """The default diagnostics plus the adaptive limit's state.
-
-        ``limit`` is the whole-number limit enforced now (halved during a
-        probe round, ``probing``), ``limit_value`` its fractional value,
-        ``floor``/``ceiling`` its bounds, ``best_latency`` the baseline
-        latency (the host's estimated unloaded median) and ``last_latency``
-        the last one (seconds, ``None`` before the first sample),
-        ``round_size`` the responses a round needs at least (more on a noisy
-        host), ``at_floor_share`` and
-        ``at_ceiling_share`` the share of latency samples taken with the
-        limit at either bound.
-        """
-        state = super().get_state(now)
-        limit = self.latency_limit
-        samples = self._samples
-        state.update(
-            limit_value=limit.limit,
-            floor=limit.minimum,
-            ceiling=self._ceiling,
-            best_latency=limit.best,
-            last_latency=limit.last_latency,
-            latency_tolerance=limit.tolerance,
-            latency_window=limit.window,
-            increase_count=limit.increase_count,
-            decrease_count=limit.decrease_count,
-            overload_count=limit.overload_count,
-            rebaseline_count=limit.rebaseline_count,
-            slow_start=limit.in_slow_start,
-            probing=limit.probing,
-            round_size=limit.round_size,
-            latency_samples=samples,
-            at_floor_share=self._at_floor / samples if samples else 0.0,
-            at_ceiling_share=self._at_ceiling / samples if samples else 0.0,
-        )
-        return state
 
     def _warn_nothing_to_adapt(self) -> None:
         setting = self._ceiling_setting()
@@ -295,7 +187,7 @@ class LatencyScopeManager(ThrottlingScopeManager):
             "scrapy_adaptive_throttle.ThrottlingScopeManager for a fixed limit.",
             self.id,
             setting,
-            self._ceiling,
+            self.ceiling,
             self._min_concurrency,
             setting,
         )
@@ -316,10 +208,11 @@ class LatencyScopeManager(ThrottlingScopeManager):
         return "THROTTLING_SCOPE_CONCURRENCY"
 
     def __repr__(self) -> str:
-        limit = self._latency_limit
+        adaptive = self.adaptive_limit
+        limit = adaptive.algorithm
         return (
             f"<{type(self).__name__} {self.id!r} active={self.active} "
-            f"limit={self._current} ({limit.limit if limit else 0:.2f} in "
-            f"[{self._min_concurrency}, {self._ceiling}]) "
-            f"best={limit.best if limit else None}>"
+            f"limit={adaptive.limit} ({limit.limit:.2f} in "
+            f"[{self._min_concurrency}, {adaptive.ceiling}]) "
+            f"best={limit.best}>"
         )

@@ -46,6 +46,18 @@ class QuotaWindow:
             return 0.0
         return max(0.0, start + self.window - now)
 
+    def peek_wait(self, now: float, amount: float | None) -> float:
+        """What :meth:`wait` would answer at *now*, without rolling the
+        window forward (for a reader that must change nothing)."""
+        start = self.window_start
+        if start is None or self.consumed <= 0:
+            return 0.0
+        if self.window > 0 and now - start >= self.window:
+            return 0.0
+        if self.consumed + (amount or 0.0) <= self.quota:
+            return 0.0
+        return max(0.0, start + self.window - now)
+
     def consume(self, now: float, amount: float | None) -> None:
         """Record the use of *amount* units (None or 0 still starts the window)."""
         self._roll(now)
