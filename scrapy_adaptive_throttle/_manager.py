@@ -33,6 +33,7 @@ from ._algorithms.response_policy import (
 from ._backoff_triggers import BackoffTriggers
 from ._containment import validate_scopes
 from ._decisions import responding
+from ._manager_gate import ManagerGate
 from ._meta_keys import (
     DELAY_DEADLINE_META_KEY,
     DELAYED_META_KEY,
@@ -100,19 +101,14 @@ class ThrottlingManager:
     the synchronous :meth:`get_request_scopes`) or how backoff is derived
     (:meth:`get_response_backoff`, :meth:`get_exception_backoff`).
 
-    It is also the scheduler queue's gate (the ``QueueGate`` interface of
-    ``_queue_gate.py``: :meth:`resolve_scopes_now`, :meth:`check_scopes`,
-    :meth:`reserve_scopes`, :meth:`release` and release listeners), so the
-    queue calls it without an adapter.
+    The scheduler queue and the downloader talk to its :attr:`queue_gate`
+    (the ``QueueGate`` interface of ``_queue_gate.py``), not to the manager.
 
     :param clock: the monotonic clock of scope state, the gate and the
         scheduler queue (:func:`time.monotonic` by default).
     :param wall_clock: the wall clock of :reqmeta:`throttling_delay`
         deadlines and HTTP dates (:func:`time.time` by default).
     """
-
-    #: QueueGate: :meth:`check_scopes` needs scopes only, not the request.
-    needs_head = False
 
     def __init__(
         self,
@@ -144,12 +140,18 @@ class ThrottlingManager:
             *(scope.http_codes for scope in self.config.scopes.values())
         )
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
-        #: QueueGate: the quota of each configured quota scope.
-        self.quotas: dict[ScopeID, float] = {
-            scope_id: scope.quota
-            for scope_id, scope in self.config.scopes.items()
-            if scope.quota
-        }
+        #: What the scheduler queue and the downloader call (check, reserve,
+        #: release and its listeners): see ``_manager_gate.py``.
+        self.queue_gate = ManagerGate(
+            self,
+            self._gate,
+            self._registry,
+            {
+                scope_id: scope.quota
+                for scope_id, scope in self.config.scopes.items()
+                if scope.quota
+            },
+        )
         if self.config.robotstxt_obey:
             crawler.signals.connect(
                 self._on_robots_parsed, signal=signals.robots_parsed
@@ -235,22 +237,11 @@ class ThrottlingManager:
         """Return the scope manager of *scope_id*, creating it if needed."""
         return self._registry.get(scope_id).manager
 
-    # -- the scheduler queue's gate (QueueGate, see _queue_gate.py) ----------
+    # -- the gate, by request and by scope set ----------------------------------
 
     def add_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
         """Call *listener* with the scope id whenever a slot of it is freed."""
-        self._gate.release_listeners.append(listener)
-
-    def remove_release_listener(self, listener: Callable[[ScopeID], None]) -> None:
-        _discard(self._gate.release_listeners, listener)
-
-    def add_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
-        """Call *listener* with the scope id whenever a time gate of it opened
-        sooner than it said (see :meth:`refund_cached`)."""
-        self._gate.timer_listeners.append(listener)
-
-    def remove_timer_listener(self, listener: Callable[[ScopeID], None]) -> None:
-        _discard(self._gate.timer_listeners, listener)
+        self.queue_gate.add_release_listener(listener)
 
     def refund_cached(self, request: Request) -> None:
         """*request* was answered from Scrapy's HTTP cache: give its send back.
@@ -280,17 +271,6 @@ class ThrottlingManager:
         """Record *request* as sent on each of its scopes, all or nothing (a
         scope manager's error releases the scopes already recorded)."""
         self._gate.reserve_scopes(request, scope_values, now)
-
-    def has_free_slot(self, scope_id: ScopeID) -> bool:
-        """Whether *scope_id* has room for one more request now."""
-        try:
-            return not self._registry.get(scope_id).concurrency_blocked()
-        except Exception:  # reported when a request meets it
-            return True
-
-    def is_reserved(self, request: Request) -> bool:
-        """Whether *request* holds a reservation (sent, not yet released)."""
-        return request in self._gate.reserved
 
     def is_ready(self, request: Request) -> bool:
         """Whether *request* could be sent right now."""
@@ -600,8 +580,3 @@ class ThrottlingManager:
         from ._explain import explain
 
         return explain(self, request_or_scope)
-
-
-def _discard(listeners: list[Callable[[ScopeID], None]], listener: object) -> None:
-    if listener in listeners:
-        listeners.remove(listener)

@@ -109,8 +109,8 @@ class ThrottlingAwarePriorityQueue:
         self._resolving = 0
         #: The request being reserved, for _fail_head if reserving it fails.
         self._reserving: Request | None = None
-        # The manager itself when it is the plugin's (its bound methods: no
-        # adapter on the hot path), else an adapter built from the protocol.
+        # The plugin's manager's queue_gate (straight to its scope gate), else
+        # an adapter built from the protocol.
         self.gate: QueueGate = queue_gate(crawler, self.throttler)
         # The manager's clock: its scopes and this queue agree on "now".
         self._clock = self.gate.clock

@@ -7,12 +7,13 @@ scope set that tells a closed time gate (how long) from a full concurrency
 slot (which scope), a reservation, and a call when a slot frees up. That is
 :class:`QueueGate`.
 
-:class:`~scrapy_adaptive_throttle.ThrottlingManager` implements it itself,
-so the queue calls the manager's own bound methods: no adapter on the hot
-path. Any other :setting:`THROTTLING_MANAGER` written to the documented
-protocol gets :class:`ProtocolManagerGate`, which builds the same interface
-from the protocol's request-level methods (``is_ready``,
-``get_time_until_ready``, ``reserve``, ``release``). It is the one place that
+:class:`~scrapy_adaptive_throttle.ThrottlingManager` exposes one as its
+``queue_gate`` (``_manager_gate.py``), which goes straight to the manager's
+scope gate: no adapter on the hot path. Any other
+:setting:`THROTTLING_MANAGER` written to the documented protocol gets
+:class:`ProtocolManagerGate`, which builds the same interface from the
+protocol's request-level methods (``is_ready``, ``get_time_until_ready``,
+``reserve``, ``release``). It is the one place that
 looks for optional methods of a custom manager.
 """
 
@@ -146,7 +147,7 @@ def queue_gate(
         from ._manager import ThrottlingManager
 
         gate = (
-            throttler
+            throttler.queue_gate
             if isinstance(throttler, ThrottlingManager)
             else ProtocolManagerGate(throttler)
         )

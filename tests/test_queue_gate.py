@@ -59,11 +59,12 @@ def _request(scopes=("a", "b")):
 VALUES = [("a", None), ("b", None)]
 
 
-def test_the_plugins_manager_is_its_own_gate():
+def test_the_plugins_manager_exposes_its_gate_once():
     crawler = get_crawler(settings_dict={})
     throttler = get_throttler(crawler)
     gate = queue_gate(crawler, throttler)
-    assert gate is throttler
+    assert gate is throttler.queue_gate
+    assert queue_gate(crawler, throttler, releasing=True) is gate
     assert gate.needs_head is False
 
 
