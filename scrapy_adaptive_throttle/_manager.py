@@ -19,7 +19,6 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.utils.asyncio import sleep
 from scrapy.utils.python import global_object_name
 from twisted.internet.defer import Deferred
 
@@ -37,11 +36,10 @@ from ._manager_gate import ManagerGate
 from ._meta_keys import (
     DELAY_DEADLINE_META_KEY,
     DELAYED_META_KEY,
-    DOWNLOAD_LATENCY_META_KEY,
     SLOT_STAMP_META_KEY,
 )
 from ._robots_crawl_delay import CrawlDelays
-from ._scope_gate import CLOSE_CHECK_INTERVAL, Reservation, ScopeGate, ScopeValues
+from ._scope_gate import Reservation, ScopeGate, ScopeValues
 from ._scope_registry import ScopeManagers, ScopeRegistry
 from ._scope_resolver import (
     RequestDelay,
@@ -61,7 +59,6 @@ from ._types import (
     ScopeID,
     ThrottlingScopeManagerProtocol,
     dont_track,
-    iter_scope_values,
     scope_cache,
 )
 
@@ -311,25 +308,9 @@ class ThrottlingManager:
         Requests reserved by the throttling-aware scheduler queue return at
         once; robots.txt downloads are never held (see :func:`is_robots_request`).
         """
-        gate = self._gate
-        if request in gate.reserved:
-            if request not in gate.regate:
-                return
-            # Its scope changed (a Crawl-delay) after it was reserved.
-            gate.regate.discard(request)
-            self.release(request)
-        if is_robots_request(request):
-            gate.reserved[request] = []
-            return
-        gate.waiting += 1
-        try:
-            while (delay := self.get_request_delay(request)) > 0:
-                gate.raise_if_closing(request)
-                await sleep(min(delay, CLOSE_CHECK_INTERVAL))
-            scope_values = list(iter_scope_values(await self.get_scopes(request)))
-            await gate.wait_and_reserve(request, scope_values)
-        finally:
-            gate.waiting -= 1
+        await self._gate.acquire(
+            request, self.get_request_delay, self.get_scopes, self.release
+        )
 
     def release(self, request: Request) -> None:
         """Free the slots reserved for *request*. Idempotent."""
@@ -439,29 +420,16 @@ class ThrottlingManager:
 
         Called for every attempt, before RetryMiddleware decides to retry it.
         """
-        request = response.request
-        now = self._clock()
-        token = _RESPONSE_REQUEST.set(request)
-        try:
-            backoff = await self.get_response_backoff(response)
-        finally:
-            _RESPONSE_REQUEST.reset(token)
+        request, status, now = response.request, response.status, self._clock()
+        backoff = await _response_backoff(self, response)
         if backoff is not None:
             with responding(response):  # names the header of a hold in the log
-                self.apply_backoff(backoff, now=now, cause=f"status/{response.status}")
-            if response.status == 429:
-                sent_at = (
-                    self._gate.reserved_at.get(request) if request is not None else None
+                self.apply_backoff(backoff, now=now, cause=f"status/{status}")
+            if status == 429:
+                self._backoff.record_rate_limited(
+                    backoff, now, self._gate.sent_at(request)
                 )
-                self._backoff.record_rate_limited(backoff, now, sent_at)
-        if request is None or dont_track(request.meta):
-            return
-        latency = request.meta.get(DOWNLOAD_LATENCY_META_KEY)
-        reservation = self._gate.reserved.get(request)
-        if not reservation:
-            return
-        for _, adapter in reservation:
-            adapter.record_response(latency, response.status, now)
+        self._gate.record_response(request, status, now)
 
     async def process_exception(
         self, request: Request, exception: BaseException
@@ -580,3 +548,15 @@ class ThrottlingManager:
         from ._explain import explain
 
         return explain(self, request_or_scope)
+
+
+async def _response_backoff(
+    manager: ThrottlingManager, response: Response
+) -> BackoffData:
+    """``manager.get_response_backoff(response)``, with the request being
+    processed known to a response that an override builds without one."""
+    token = _RESPONSE_REQUEST.set(response.request)
+    try:
+        return await manager.get_response_backoff(response)
+    finally:
+        _RESPONSE_REQUEST.reset(token)

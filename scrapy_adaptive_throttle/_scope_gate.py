@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,9 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
 from ._containment import ScopeManagerError, report
+from ._meta_keys import DOWNLOAD_LATENCY_META_KEY
+from ._scope_resolver import is_robots_request
+from ._types import RequestScopes, dont_track, iter_scope_values
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -167,6 +170,22 @@ class ScopeGate:
             for listener in listeners:
                 listener(scope_id)
 
+    def sent_at(self, request: Request | None) -> float | None:
+        """When *request* was reserved (on :attr:`clock`), if it holds one."""
+        return None if request is None else self.reserved_at.get(request)
+
+    def record_response(self, request: Request | None, status: int, now: float) -> None:
+        """Feed the download latency and *status* of *request*'s response to
+        each scope it holds a slot of (their latency and rampup rules)."""
+        if request is None or dont_track(request.meta):
+            return
+        reservation = self.reserved.get(request)
+        if not reservation:
+            return
+        latency = request.meta.get(DOWNLOAD_LATENCY_META_KEY)
+        for _, adapter in reservation:
+            adapter.record_response(latency, status, now)
+
     def refund(self, request: Request, amounts: dict[ScopeID, float | None]) -> None:
         """Give back the send of *request* (answered from the HTTP cache) to
         the scopes that can, and tell the timer listeners which opened."""
@@ -212,6 +231,36 @@ class ScopeGate:
         report(request, error.component, error.error, consequence, self.crawler.stats)
 
     # -- waiting -----------------------------------------------------------------
+
+    async def acquire(
+        self,
+        request: Request,
+        request_delay: Callable[[Request], float],
+        get_scopes: Callable[[Request], Awaitable[RequestScopes]],
+        release: Callable[[Request], None],
+    ) -> None:
+        """Wait until every scope of *request* allows it, then reserve it
+        (see :meth:`~scrapy_adaptive_throttle.ThrottlingManager.acquire`);
+        the manager's hooks give its ``throttling_delay``, its scopes and
+        the release of a reservation to gate again."""
+        if request in self.reserved:
+            if request not in self.regate:
+                return
+            # Its scope changed (a Crawl-delay) after it was reserved.
+            self.regate.discard(request)
+            release(request)
+        if is_robots_request(request):
+            self.reserved[request] = []
+            return
+        self.waiting += 1
+        try:
+            while (delay := request_delay(request)) > 0:
+                self.raise_if_closing(request)
+                await sleep(min(delay, CLOSE_CHECK_INTERVAL))
+            scope_values = list(iter_scope_values(await get_scopes(request)))
+            await self.wait_and_reserve(request, scope_values)
+        finally:
+            self.waiting -= 1
 
     async def wait_and_reserve(
         self, request: Request, scope_values: ScopeValues
