@@ -13,11 +13,8 @@ could unblock it happened, never scans every scope.
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
-from contextlib import suppress
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
@@ -32,15 +29,7 @@ from ._crawler_throttler import get_throttler
 from ._meta_keys import DELAY_DEADLINE_META_KEY, DELAYED_META_KEY
 from ._queue_gate import queue_gate
 from ._queue_schedule import DelayedRequests, EngineWakeup, QueueSchedule
-from ._scope_set_queue import (
-    BLOCKED,
-    READY,
-    SEPARATOR,
-    ScopeSetEntry,
-    ScopeSetQueue,
-    queue_dir_name,
-    scope_list,
-)
+from ._scope_set_queue import SEPARATOR, ScopeSetEntry, ScopeSetQueues
 from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope_values
 
 if TYPE_CHECKING:
@@ -103,7 +92,6 @@ class ThrottlingAwarePriorityQueue:
         self.throttler = get_throttler(crawler)
         self.downstream_queue_cls = downstream_queue_cls
         self.key = key
-        self._start_queue_cls = start_queue_cls
         self._schedule = QueueSchedule()
         self._size = 0
         self._resolving = 0
@@ -119,52 +107,22 @@ class ThrottlingAwarePriorityQueue:
         self._delayed = DelayedRequests(self.gate.wall_clock)
         self._check = self.gate.check_scopes
         self._reserve = self.gate.reserve_scopes
+        self._has_free_slot = self.gate.has_free_slot
         self._resolve_now = self.gate.resolve_scopes_now
         self._needs_head = self.gate.needs_head
         self._quotas = dict(self.gate.quotas)
         self.gate.add_release_listener(self._schedule.wake_one)
         self.gate.add_timer_listener(self._schedule.on_timer_opened)
-        for json_key, prios in (startprios or {}).items():
-            scopes = json.loads(json_key)
-            entry = self._entry(scopes, prios)
-            self._size += len(entry.queue)
-            if len(entry.queue):
-                self._schedule.make_ready(entry)
-
-    # -- queue bookkeeping ------------------------------------------------------
-
-    def _entry(
-        self, scopes: list[ScopeID], startprios: Iterable[int] = ()
-    ) -> ScopeSetEntry:
-        key = SEPARATOR.join(scopes)
-        entries = self._schedule.entries
-        entry = entries.get(key)
-        if entry is None:
-            queue = ScopeSetQueue(
-                self.crawler,
-                self.downstream_queue_cls,
-                self._subdir(scopes),
-                startprios,
-                start_queue_cls=self._start_queue_cls,
-            )
-            queue.quotas = {s: self._quotas[s] for s in scopes if s in self._quotas}
-            needs_head = self._needs_head or bool(queue.quotas)
-            entry = ScopeSetEntry(key, scopes, queue, needs_head)
-            entry.state = BLOCKED  # not anywhere yet; make_ready puts it in the heap
-            entries[key] = entry
-        return entry
-
-    def _subdir(self, scopes: list[ScopeID]) -> str:
-        if not self.key:
-            return ""
-        return self.key + "/" + queue_dir_name(json.dumps(scopes))
-
-    def _remove(self, entry: ScopeSetEntry) -> None:
-        self._schedule.forget(entry)
-        entry.queue.close()
-        if self.key:
-            with suppress(OSError):
-                Path(self._subdir(entry.scopes)).rmdir()
+        self._queues = ScopeSetQueues(
+            crawler,
+            downstream_queue_cls,
+            key,
+            self._schedule,
+            start_queue_cls=start_queue_cls,
+            quotas=self._quotas,
+            needs_head=self._needs_head,
+        )
+        self._size += self._queues.restore(startprios or {})
 
     # -- push -----------------------------------------------------------------
 
@@ -182,7 +140,7 @@ class ThrottlingAwarePriorityQueue:
         if self.key:
             # The scheduler falls back to the memory queue on ValueError, which
             # it can only do now, not once the scopes are known.
-            self._check_serializable(request)
+            _check_serializable(request, self.crawler)
         self._resolving += 1
         self._size += 1
         resolved.addCallbacks(
@@ -234,27 +192,8 @@ class ThrottlingAwarePriorityQueue:
         self._wakeup.wake_engine()
 
     def _push_resolved(self, request: Request, scopes: RequestScopes) -> None:
-        entry = self._entry(scope_list(scopes))
-        queue = entry.queue
-        was_empty = not len(queue)
-        old_prio = queue.curprio
-        try:
-            queue.push(request)  # ValueError if it cannot be serialised
-        except ValueError:
-            if was_empty:
-                self._remove(entry)
-            raise
+        self._queues.push(request, scopes)  # ValueError if it cannot be serialised
         self._size += 1
-        if was_empty:
-            self._schedule.make_ready(entry)
-        elif entry.state == READY and queue.curprio != old_prio:
-            self._schedule.make_ready(entry)  # re-key: the old heap item becomes stale
-
-    def _check_serializable(self, request: Request) -> None:
-        try:
-            pickle.dumps(request.to_dict(spider=self.crawler.spider), protocol=4)
-        except Exception as exc:
-            raise ValueError(f"Unable to serialize request {request}: {exc}") from exc
 
     # -- pop ------------------------------------------------------------------
 
@@ -293,14 +232,14 @@ class ThrottlingAwarePriorityQueue:
         if request is None:
             request = entry.queue.pop()
             if request is None:  # pragma: no cover - a ready queue is not empty
-                self._remove(entry)
+                self._queues.remove(entry)
                 return None
             self._size -= 1
         if self._schedule.entries.get(entry.key) is entry:
             if len(entry.queue):
                 self._schedule.make_ready(entry)
             else:
-                self._remove(entry)
+                self._queues.remove(entry)
         component = component_of(error, f"{_name(self.throttler)}")
         report(request, component, error, "it is not sent", self.crawler.stats)
         fail_request(request, component, error)
@@ -342,11 +281,11 @@ class ThrottlingAwarePriorityQueue:
             request, values = backfill
         elif wait > 0:
             self._schedule.mark_timed(entry, now + wait)
-            self._pass_on(entry)
+            self._schedule.pass_on(entry, self._has_free_slot)
             return None
         elif blocked is not None:
             self._schedule.mark_blocked(entry, blocked)
-            self._pass_on(entry, skip=blocked)
+            self._schedule.pass_on(entry, self._has_free_slot, skip=blocked)
             return None
         else:
             request = entry.queue.pop()
@@ -358,24 +297,9 @@ class ThrottlingAwarePriorityQueue:
         if len(entry.queue):
             self._schedule.make_ready(entry)
         else:
-            self._remove(entry)
-        self._pass_on(entry)
+            self._queues.remove(entry)
+        self._schedule.pass_on(entry, self._has_free_slot)
         return request
-
-    def _pass_on(self, entry: ScopeSetEntry, skip: ScopeID | None = None) -> None:
-        # A queue woken for a freed slot may not use it (another scope blocks
-        # it, or it was just filled): wake the next waiter of each scope that
-        # still has room, so that a free slot is never left unclaimed.
-        schedule = self._schedule
-        if not schedule.has_blocked():
-            return
-        for scope in entry.scopes:
-            if (
-                scope != skip
-                and schedule.is_waited_on(scope)
-                and self.gate.has_free_slot(scope)
-            ):
-                schedule.wake_one(scope)
 
     def _promote_delayed(self) -> None:
         for request in self._delayed.pop_due():
@@ -413,12 +337,7 @@ class ThrottlingAwarePriorityQueue:
                 logger.error(
                     "Could not persist delayed request %s", request, exc_info=True
                 )
-        entries = self._schedule.entries
-        state = {
-            json.dumps(entry.scopes): entry.queue.close() for entry in entries.values()
-        }
-        entries.clear()
-        return state
+        return self._queues.close()
 
     def __len__(self) -> int:
         return self._size
@@ -430,3 +349,10 @@ class ThrottlingAwarePriorityQueue:
 def _name(component: object) -> str:
     cls = type(component)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_serializable(request: Request, crawler: Crawler) -> None:
+    try:
+        pickle.dumps(request.to_dict(spider=crawler.spider), protocol=4)
+    except Exception as exc:
+        raise ValueError(f"Unable to serialize request {request}: {exc}") from exc

@@ -178,6 +178,23 @@ class QueueSchedule:
         if not waiting:
             del self._blocked[scope_id]
 
+    def pass_on(
+        self,
+        entry: ScopeSetEntry,
+        has_free_slot: Callable[[ScopeID], bool],
+        skip: ScopeID | None = None,
+    ) -> None:
+        """Wake the next waiter of each scope of *entry* (but *skip*) that
+        still has room: *entry* was woken for a freed slot it may not use."""
+        # A queue woken for a freed slot may not use it (another scope blocks
+        # it, or it was just filled): without this, a free slot could be left
+        # unclaimed.
+        if not self.has_blocked():
+            return
+        for scope in entry.scopes:
+            if scope != skip and self.is_waited_on(scope) and has_free_slot(scope):
+                self.wake_one(scope)
+
 
 class DelayedRequests:
     """Requests held aside, in memory, while their :reqmeta:`throttling_delay`

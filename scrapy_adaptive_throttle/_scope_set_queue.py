@@ -10,19 +10,24 @@ its scopes) is fixed here: a resumed crawl must find its queues again.
 from __future__ import annotations
 
 import hashlib
+import json
+from contextlib import suppress
+from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy.pqueues import ScrapyPriorityQueue, _path_safe
 
 from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID, iter_scope_values
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from scrapy import Request
+    from scrapy.crawler import Crawler
 
     from ._queue_gate import ScopeValues
+    from ._queue_schedule import QueueSchedule
 
     #: The gate's check (see ``QueueGate.check_scopes``).
     ScopeCheck = Callable[
@@ -36,6 +41,7 @@ __all__ = [
     "TIMED",
     "ScopeSetEntry",
     "ScopeSetQueue",
+    "ScopeSetQueues",
     "queue_dir_name",
     "scope_list",
 ]
@@ -150,6 +156,105 @@ class ScopeSetEntry:
         self.needs_head = needs_head
         self.state = READY
         self.seq = 0
+
+
+class ScopeSetQueues:
+    """The queue of each scope set: made on its first request, in its own
+    job-directory sub-directory, and removed when it empties."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        downstream_queue_cls: type[Any],
+        key: str,
+        schedule: QueueSchedule,
+        *,
+        start_queue_cls: type[Any] | None,
+        quotas: Mapping[ScopeID, float],
+        needs_head: bool,
+    ) -> None:
+        self.crawler = crawler
+        self.downstream_queue_cls = downstream_queue_cls
+        self.key = key
+        self.schedule = schedule
+        self._start_queue_cls = start_queue_cls
+        self._quotas = quotas
+        self._needs_head = needs_head
+
+    def restore(self, startprios: dict[str, Iterable[int]]) -> int:
+        """Open the queues of a resumed crawl; return how many requests
+        they hold."""
+        size = 0
+        for json_key, prios in startprios.items():
+            entry = self.entry(json.loads(json_key), prios)
+            size += len(entry.queue)
+            if len(entry.queue):
+                self.schedule.make_ready(entry)
+        return size
+
+    def entry(
+        self, scopes: list[ScopeID], startprios: Iterable[int] = ()
+    ) -> ScopeSetEntry:
+        """The entry of the scope set *scopes*, made if needed."""
+        key = SEPARATOR.join(scopes)
+        entries = self.schedule.entries
+        entry = entries.get(key)
+        if entry is None:
+            queue = ScopeSetQueue(
+                self.crawler,
+                self.downstream_queue_cls,
+                self._subdir(scopes),
+                startprios,
+                start_queue_cls=self._start_queue_cls,
+            )
+            queue.quotas = {s: self._quotas[s] for s in scopes if s in self._quotas}
+            needs_head = self._needs_head or bool(queue.quotas)
+            entry = ScopeSetEntry(key, scopes, queue, needs_head)
+            entry.state = BLOCKED  # not anywhere yet; make_ready puts it in the heap
+            entries[key] = entry
+        return entry
+
+    def _subdir(self, scopes: list[ScopeID]) -> str:
+        if not self.key:
+            return ""
+        return self.key + "/" + queue_dir_name(json.dumps(scopes))
+
+    def remove(self, entry: ScopeSetEntry) -> None:
+        """Forget the (empty) queue of *entry* and its sub-directory."""
+        self.schedule.forget(entry)
+        entry.queue.close()
+        if self.key:
+            with suppress(OSError):
+                Path(self._subdir(entry.scopes)).rmdir()
+
+    def push(self, request: Request, scopes: RequestScopes) -> None:
+        """Queue *request* under the scope set of *scopes*.
+
+        :raises ValueError: if *request* cannot be serialised (job directory).
+        """
+        entry = self.entry(scope_list(scopes))
+        queue = entry.queue
+        was_empty = not len(queue)
+        old_prio = queue.curprio
+        try:
+            queue.push(request)  # ValueError if it cannot be serialised
+        except ValueError:
+            if was_empty:
+                self.remove(entry)
+            raise
+        if was_empty:
+            self.schedule.make_ready(entry)
+        elif entry.state == READY and queue.curprio != old_prio:
+            self.schedule.make_ready(entry)  # re-key: the old heap item is stale
+
+    def close(self) -> dict[str, list[int]]:
+        """Close every queue; the state to resume them (``startprios``)."""
+        entries = self.schedule.entries
+        state = {
+            json.dumps(entry.scopes): entry.queue.close() for entry in entries.values()
+        }
+        entries.clear()
+        return state
 
 
 def _quota_share(request: Request, quotas: Mapping[ScopeID, float]) -> float:
