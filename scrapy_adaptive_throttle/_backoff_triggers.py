@@ -9,17 +9,21 @@ the scope managers, shares holds with other processes, and keeps the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from ._algorithms.response_policy import valid_hold
+from ._algorithms.response_policy import decide_response_backoff, valid_hold
 from ._decisions import record_backoff_decision
-from ._types import BackoffData, iter_scopes
+from ._types import BackoffData, dont_track, iter_scopes
 
 if TYPE_CHECKING:
+    from scrapy import Request
     from scrapy.crawler import Crawler
+    from scrapy.http import Response
 
     from ._scope_adapter import ScopeAdapter
+    from ._scope_gate import ScopeValues
     from ._scope_registry import ScopeRegistry
     from ._settings import ThrottlingSettings
     from ._shared_state import SharedState
@@ -42,6 +46,50 @@ class BackoffTriggers:
         self.config = config
         self.registry = registry
         self.shared = shared
+        #: Every status that some scope backs off on.
+        self.codes = config.common.http_codes.union(
+            *(scope.http_codes for scope in config.scopes.values())
+        )
+
+    def of_response(
+        self,
+        response: Response,
+        request: Request | None,
+        scope_values: Callable[[Request], ScopeValues],
+        delay: Callable[[], float | None],
+        quota_delay: Callable[[], float | None],
+    ) -> BackoffData:
+        """The backoff that *response* to *request* calls for (see
+        :meth:`~scrapy_adaptive_throttle.ThrottlingManager.get_response_backoff`);
+        *delay* and *quota_delay* are the manager's header hooks."""
+        if request is None or dont_track(request.meta):
+            return None
+        status = response.status
+        headers = response.headers
+        if status not in self.codes and not (
+            b"RateLimit" in headers or b"RateLimit-Remaining" in headers
+        ):
+            return None  # the common case, decided without looking at scopes
+        return decide_response_backoff(  # type: ignore[return-value]
+            status,
+            (
+                (scope, self.config.scope(scope).http_codes)
+                for scope, _ in scope_values(request)
+            ),
+            delay,
+            quota_delay,
+        )
+
+    def of_exception(
+        self, scope_values: ScopeValues, exception: BaseException
+    ) -> BackoffData:
+        """The scopes of *scope_values* that back off on *exception*."""
+        scopes = [
+            scope
+            for scope, _ in scope_values
+            if isinstance(exception, self.config.scope(scope).exceptions)
+        ]
+        return scopes or None
 
     def apply(self, backoff: BackoffData, now: float, cause: str) -> None:
         """Apply *backoff* (see
@@ -68,8 +116,18 @@ class BackoffTriggers:
                 continue  # a custom scope manager that never backs off
             self._applied(adapter, delay, cause, now, server_delay=delay is not None)
 
-    def delay_scope(self, scope_id: ScopeID, seconds: float, now: float) -> None:
-        """Hold *scope_id* for *seconds*, uncapped (a trusted delay)."""
+    def delay_scope(self, scope_id: ScopeID, delay: float, now: float) -> None:
+        """Hold *scope_id* for *delay* seconds, uncapped (a trusted delay).
+
+        :raises ValueError: if *delay* is negative or not a finite number.
+        """
+        message = f"Invalid delay for scope {scope_id!r}: {delay!r}"
+        try:
+            seconds = float(delay)
+        except (TypeError, ValueError):
+            raise ValueError(message) from None
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(message)
         adapter = self.registry.get(scope_id)
         if not adapter.record_backoff(seconds, now, cap=False):
             return  # a custom scope manager that never backs off

@@ -12,7 +12,6 @@ scope managers (``_scope_registry.py``, through the adapter of
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -24,9 +23,7 @@ from twisted.internet.defer import Deferred
 
 from ._algorithms.response_policy import (
     MAX_REQUEST_DELAY,
-    decide_response_backoff,
     exhausted_quota_delay,
-    exhausted_ratelimit_delay,
     response_delay,
 )
 from ._backoff_triggers import BackoffTriggers
@@ -120,7 +117,7 @@ class ThrottlingManager:
         #: (:setting:`THROTTLING_STATE_URL`), or ``None``.
         self.shared: SharedState | None = SharedState.from_crawler(crawler)
         self._resolver = ScopeResolver(self.config)
-        self._crawl_delays = CrawlDelays(self.config)
+        self._crawl_delays = CrawlDelays(self.config, crawler.stats)
         self._registry = ScopeRegistry(
             crawler, self.config, clock, self._crawl_delays.reapply
         )
@@ -133,22 +130,10 @@ class ThrottlingManager:
         )
         self._clock = clock
         self.wall_clock = wall_clock
-        self._backoff_codes = self.config.common.http_codes.union(
-            *(scope.http_codes for scope in self.config.scopes.values())
-        )
         self._sync_get_scopes = type(self).get_scopes is ThrottlingManager.get_scopes
         #: What the scheduler queue and the downloader call (check, reserve,
         #: release and its listeners): see ``_manager_gate.py``.
-        self.queue_gate = ManagerGate(
-            self,
-            self._gate,
-            self._registry,
-            {
-                scope_id: scope.quota
-                for scope_id, scope in self.config.scopes.items()
-                if scope.quota
-            },
-        )
+        self.queue_gate = ManagerGate(self, self._gate, self._registry, self.config)
         if self.config.robotstxt_obey:
             crawler.signals.connect(
                 self._on_robots_parsed, signal=signals.robots_parsed
@@ -358,10 +343,6 @@ class ThrottlingManager:
         """
         return exhausted_quota_delay(response.headers)
 
-    @staticmethod
-    def _exhausted_ratelimit_delay(response: Response) -> float | None:
-        return exhausted_ratelimit_delay(response.headers)
-
     async def get_response_backoff(self, response: Response) -> BackoffData:
         """Return the backoff that *response* calls for.
 
@@ -381,20 +362,10 @@ class ThrottlingManager:
         request = response.request
         if request is None:
             request = _RESPONSE_REQUEST.get()
-        if request is None or dont_track(request.meta):
-            return None
-        status = response.status
-        headers = response.headers
-        if status not in self._backoff_codes and not (
-            b"RateLimit" in headers or b"RateLimit-Remaining" in headers
-        ):
-            return None  # the common case, decided without looking at scopes
-        return decide_response_backoff(  # type: ignore[return-value]
-            status,
-            (
-                (scope, self.config.scope(scope).http_codes)
-                for scope, _ in self._sent_scope_values(request)
-            ),
+        return self._backoff.of_response(
+            response,
+            request,
+            self._sent_scope_values,
             lambda: self.get_response_delay(response),
             lambda: self.get_exhausted_quota_delay(response),
         )
@@ -408,12 +379,7 @@ class ThrottlingManager:
         scopes; ``None`` for :reqmeta:`throttling_dont_track` requests."""
         if dont_track(request.meta):
             return None
-        scopes = [
-            scope
-            for scope, _ in self._sent_scope_values(request)
-            if isinstance(exception, self.config.scope(scope).exceptions)
-        ]
-        return scopes or None
+        return self._backoff.of_exception(self._sent_scope_values(request), exception)
 
     async def process_response(self, response: Response) -> None:
         """Update throttling state from a downloaded (non-cached) response.
@@ -470,14 +436,7 @@ class ThrottlingManager:
 
         :raises ValueError: if *delay* is negative or not a finite number.
         """
-        message = f"Invalid delay for scope {scope_id!r}: {delay!r}"
-        try:
-            seconds = float(delay)
-        except (TypeError, ValueError):
-            raise ValueError(message) from None
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(message)
-        self._backoff.delay_scope(scope_id, seconds, self._clock())
+        self._backoff.delay_scope(scope_id, delay, self._clock())
 
     def get_scope_delay(self, scope_id: ScopeID) -> float:
         """The base (non-backoff) delay of *scope_id*."""
@@ -527,13 +486,7 @@ class ThrottlingManager:
         handed to the downloader but not sent yet (they were waiting for
         robots.txt) go through the gate again.
         """
-        capped = self._crawl_delays.remember(scope_id, delay)
-        if capped is None:
-            return
-        adapter = self._registry.get(scope_id)
-        if self._crawl_delays.apply(adapter, capped, warn=True):
-            if self.crawler.stats is not None:
-                self.crawler.stats.inc_value("throttling/robotstxt/crawl_delay_count")
+        if self._crawl_delays.apply_to_scope(self._registry, scope_id, delay):
             self._gate.regate_scope(scope_id)
 
     # -- misc -------------------------------------------------------------------

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._scope_gate import ScopeGate, ScopeValues
     from ._scope_registry import ScopeRegistry
     from ._scopes import RequestScopes, ScopeID
+    from ._settings import ThrottlingSettings
 
 __all__ = ["ManagerGate"]
 
@@ -41,13 +42,17 @@ class ManagerGate:
         manager: ThrottlingManager,
         gate: ScopeGate,
         registry: ScopeRegistry,
-        quotas: Mapping[ScopeID, float],
+        config: ThrottlingSettings,
     ) -> None:
         self._manager = manager
         self._gate = gate
         self._registry = registry
         #: The quota of each configured quota scope.
-        self.quotas = quotas
+        self.quotas: Mapping[ScopeID, float] = {
+            scope_id: scope.quota
+            for scope_id, scope in config.scopes.items()
+            if scope.quota
+        }
 
     @property
     def clock(self) -> Callable[[], float]:

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 from ._algorithms.response_policy import ConfiguredLimits, merge_crawl_delay
 
 if TYPE_CHECKING:
+    from scrapy.statscollectors import StatsCollector
+
     from ._scope_adapter import ScopeAdapter
+    from ._scope_registry import ScopeRegistry
     from ._settings import ThrottlingSettings
     from ._types import ScopeID
 
@@ -28,8 +31,11 @@ logger = logging.getLogger(__name__)
 class CrawlDelays:
     """The Crawl-delay of each scope that robots.txt gave one."""
 
-    def __init__(self, config: ThrottlingSettings) -> None:
+    def __init__(
+        self, config: ThrottlingSettings, stats: StatsCollector | None = None
+    ) -> None:
         self.config = config
+        self.stats = stats
         self.delays: dict[ScopeID, float] = {}
         self._warned: set[ScopeID] = set()
 
@@ -62,6 +68,19 @@ class CrawlDelays:
         capped = min(delay, self.config.robotstxt_max_delay)
         self.delays[scope_id] = max(capped, self.delays.get(scope_id, 0.0))
         return capped
+
+    def apply_to_scope(
+        self, registry: ScopeRegistry, scope_id: ScopeID, delay: float
+    ) -> bool:
+        """Remember and apply a Crawl-delay of *delay* seconds to *scope_id*
+        (see ``ThrottlingManager.apply_robots_crawl_delay``); whether the
+        scope changed, so that its reserved requests are gated again."""
+        capped = self.remember(scope_id, delay)
+        if capped is None or not self.apply(registry.get(scope_id), capped, warn=True):
+            return False
+        if self.stats is not None:
+            self.stats.inc_value("throttling/robotstxt/crawl_delay_count")
+        return True
 
     def reapply(self, adapter: ScopeAdapter) -> None:
         """Apply the remembered Crawl-delay, if any, to a new scope manager."""
