@@ -6,6 +6,7 @@ import pytest
 from scrapy import Request
 from scrapy.utils.test import get_crawler
 
+from scrapy_adaptive_throttle import ThrottlingManager
 from scrapy_adaptive_throttle._crawler_throttler import get_throttler
 from scrapy_adaptive_throttle._queue_gate import (
     ANY_SCOPE,
@@ -15,6 +16,7 @@ from scrapy_adaptive_throttle._queue_gate import (
     queue_gate,
 )
 from scrapy_adaptive_throttle._types import RESOLVED_SCOPES_META_KEY
+from tests.fake_clock import FakeClock
 from tests.protocol_manager import ProtocolOnlyManager
 
 
@@ -179,3 +181,79 @@ def test_without_queue_checks_the_queue_hands_out_and_acquire_holds(caplog):
     # Slot key from the resolved scopes when the manager has none.
     assert gate.get_slot_key(_request(("b", "a"))) == "a+b"
     assert gate.get_request_delay(_request()) == 0.0
+
+
+class RecordingManager(ThrottlingManager):
+    """The plugin's manager with ``release`` and ``get_slot_key`` overridden,
+    as a subclass may."""
+
+    def __init__(self, crawler):
+        super().__init__(crawler)
+        self.released = []
+
+    def release(self, request):
+        self.released.append(request)
+        super().release(request)
+
+    def get_slot_key(self, request):
+        return "custom"
+
+
+def _managers_gate(**settings):
+    crawler = get_crawler(settings_dict={"DOWNLOAD_DELAY_JITTER": 0, **settings})
+    manager = RecordingManager(crawler)
+    clock = FakeClock(1000.0)
+    manager.clock = clock
+    return manager, manager.queue_gate, clock
+
+
+def test_the_managers_gate_checks_reserves_and_releases_by_scope_set():
+    manager, gate, clock = _managers_gate(
+        THROTTLING_SCOPES={
+            "a": {"concurrency": 1, "quota": 10},
+            "b": {"delay": 5.0, "concurrency": 2},
+        }
+    )
+    assert gate.clock() == clock.now  # the manager's (fake) clock
+    assert gate.quotas == {"a": 10}
+    woken = []
+    gate.add_release_listener(woken.append)
+    values = [("a", None), ("b", None)]
+    request = _request(("a", "b"))
+    assert gate.check_scopes(values, clock.now) == (0.0, None)
+    assert gate.has_free_slot("a")
+    gate.reserve_scopes(request, values, clock.now)
+    assert not gate.has_free_slot("a")
+    assert gate.has_free_slot("b")
+    wait, blocked = gate.check_scopes(values, clock.now)
+    assert wait == pytest.approx(5.0)
+    assert blocked == "a"
+    # The downloader's release goes through the subclass's release.
+    gate.release(request)
+    assert manager.released == [request]
+    assert woken == ["a", "b"]
+    assert gate.has_free_slot("a")
+    gate.remove_release_listener(woken.append)
+    gate.reserve_scopes(request, values, clock.now)
+    gate.release(request)
+    assert woken == ["a", "b"]
+    assert gate.get_slot_key(request) == "custom"
+
+
+def test_the_managers_gate_tells_timer_listeners_of_a_refunded_send():
+    manager, gate, clock = _managers_gate(
+        THROTTLING_SCOPES={"a": {"delay": 5.0, "concurrency": 2}}
+    )
+    opened = []
+    gate.add_timer_listener(opened.append)
+    request = _request(("a",))
+    gate.reserve_scopes(request, [("a", None)], clock.now)
+    assert gate.check_scopes([("a", None)], clock.now)[0] == pytest.approx(5.0)
+    manager.refund_cached(request)  # a cache hit: its send never spaced "a"
+    assert opened == ["a"]
+    assert gate.check_scopes([("a", None)], clock.now) == (0.0, None)
+    gate.release(request)
+    gate.remove_timer_listener(opened.append)
+    gate.reserve_scopes(request, [("a", None)], clock.now)
+    manager.refund_cached(request)
+    assert opened == ["a"]
