@@ -31,15 +31,8 @@ robust to hosts whose service time is noisy (issue 9):
   of the tolerance band on a steady host (no unloaded answer there), half of
   the round's answers on a noisy one; a slow round or an overload ends it
   too.
-* **Growth slows down near the tolerance**: the full step for answers in the
-  lower half of the band, tapering linearly to nothing at its top (on host B
-  the median went from 76-83 ms, right at the tolerance of 77, to 74-75 ms at
-  the same throughput). **And near the level whose round was last slow**
-  (TCP CUBIC's plateau): for a window, growth towards that whole limit is 4x
-  slower, so the limit does not spend every other round there. With the
-  median baseline, host B's limit spent a third of its time at 4 (95 ms, for
-  a tolerance of 75) and its median sat at 75.3 ms; with the plateau 64-65 ms
-  at 0.97-0.98 of capacity (host model, three seeds).
+* **Growth slows down near the tolerance, and near the level whose round
+  was last slow** (``latency_growth.py``).
 * **A host that changed speed** becomes the baseline at once: a slowdown
   the limit cannot fix (three mostly slow rounds that lowering the limit did
   not make faster), or a host that sped up (``latency_speed.py``).
@@ -72,16 +65,9 @@ below a fixed 8 (0.79 of capacity against 0.96).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 
-from .latency_baseline import (
-    MEDIAN_EFFICIENCY,
-    POOL,
-    LevelSamples,
-    LoadHistory,
-    Z,
-    lower_median,
-)
+from .latency_baseline import UnloadedBaseline, lower_median
+from .latency_growth import grown_limit, growth_step
 from .latency_probe import PROBE_SAMPLES, ProbeRound
 from .latency_round import FAR_RULE_TARGET, Round, round_size_for_noise
 from .latency_speed import SpeedChange
@@ -91,8 +77,6 @@ __all__ = ["LatencyLimit"]
 #: A round must be at least this much faster than the baseline (and beyond
 #: its noise) to count as the host having sped up.
 _SPEEDUP = 0.9
-#: Growth speed towards the level whose round was last slow.
-_NEAR_FAILED = 0.25
 
 
 class LatencyLimit:
@@ -129,22 +113,18 @@ class LatencyLimit:
     """
 
     __slots__ = (
+        "_baseline",
         "_failed_at",
         "_failed_level",
         "_last_overload",
-        "_load",
         "_maximum",
         "_minimum",
-        "_pool_slow_share",
         "_probe",
         "_raised_at",
         "_round",
         "_round_size",
-        "_samples",
         "_slow_start",
         "_speed",
-        "_steady",
-        "_unloaded_max",
         "best",
         "decrease_count",
         "increase_count",
@@ -188,35 +168,25 @@ class LatencyLimit:
         self.decrease_count = 0
         self.overload_count = 0
         self.rebaseline_count = 0
-        # Recent latencies per in-flight level (requests in flight when each
-        # request was sent, from _load): the baseline is made of the lowest
-        # levels that show no queue.
-        self._samples = LevelSamples()
-        self._load = LoadHistory()
-        # Noise of the unloaded answers, measured on the baseline's pool: the
-        # answers a round needs before its majority means something, and
-        # whether no unloaded answer reached the
-        # upper half of the tolerance band (a steady host).
+        # The baseline and the recent answers per in-flight level (requests
+        # in flight when each request was sent) it is made of.
+        self._baseline = UnloadedBaseline()
+        # The answers a round needs before its majority means something.
         self._round_size = 1
-        self._steady = True
         self._last_overload = -math.inf
         # When the whole-number limit last went up: answers to requests sent
         # before then tested the lower limit and do not raise it further.
         self._raised_at = -math.inf
         # The current round: answers to requests sent since its start.
         self._round = Round()
-        # The slowest answer of the baseline's pool.
-        self._unloaded_max = math.inf
         # Whether the host itself changed speed (a new baseline).
         self._speed = SpeedChange()
         # The whole limit whose round was last slow, and when.
         self._failed_level = 0
         self._failed_at = -math.inf
         self._slow_start = slow_start
-        # Probe rounds (BBR's ProbeRTT), and the share of the baseline's pool
-        # above the threshold.
+        # Probe rounds (BBR's ProbeRTT).
         self._probe = ProbeRound(enabled=probe)
-        self._pool_slow_share = 0.0
 
     @property
     def in_slow_start(self) -> bool:
@@ -288,13 +258,11 @@ class LatencyLimit:
         started = probe.started
         latencies = probe.latencies
         if started is not None and 2 * len(latencies) >= PROBE_SAMPLES:
-            self._samples.supersede(started, self.current(), latencies)
+            self._baseline.samples.supersede(started, self.current(), latencies)
         probe.finish(now, self.window)
-        self._round_size = round_size_for_noise(
-            max(self._pool_slow_share, probe.slow_share())
-        )
+        self._size_rounds()
         self._note_limit(now)
-        self._samples.dirty = True
+        self._baseline.samples.dirty = True
 
     def on_sent(self, now: float, in_flight: int) -> None:
         """Note a request sent at *now* with *in_flight* requests of the scope
@@ -303,56 +271,28 @@ class LatencyLimit:
         Optional: without it, the load is estimated from the limit at the
         time the request was sent.
         """
-        self._load.on_sent(now, in_flight)
+        self._baseline.load.on_sent(now, in_flight)
 
     def _note_limit(self, now: float) -> None:
         """Record the whole limit if it changed (for the load history)."""
-        self._load.note_limit(now, self.current())
+        self._baseline.load.note_limit(now, self.current())
 
     def _threshold(self, best: float) -> float:
         return max(best * self.tolerance, best + self.resolution)
 
     # -- the baseline -----------------------------------------------------------
 
-    def _record(self, now: float, latency: float, in_flight: int) -> None:
-        # The load a request met is what was in flight when it was sent: at
-        # most the whole limit then (requests in flight when it answers may
-        # have been sent later, into a different queue).
-        sent = now - latency
-        level = self._load.level_at(sent)
-        if level is None:
-            # Not noted (or too old): at most the limit of the time, and at
-            # most what is in flight now if the limit was not in use.
-            sent_limit = self._load.limit_at(sent, self.current())
-            level = in_flight if in_flight < sent_limit else sent_limit
-        self._samples.record(now, latency, level)
-
     def _update_baseline(self, now: float) -> None:
         """Recompute the baseline from the lowest in-flight levels."""
-        estimate = self._samples.estimate(now, self.window)
-        if estimate is not None:
-            pool, top = estimate
-            self._set_baseline(lower_median(pool), pool, top)
+        baseline = self._baseline
+        if baseline.update(now, self.window, self._threshold):
+            self.best = baseline.best
+            self._size_rounds()
 
-    def _speedup_factor(self, count: int) -> float:
-        error = Z * 1.5 * MEDIAN_EFFICIENCY * self._samples.spread / math.sqrt(count)
-        return min(_SPEEDUP, math.exp(-error))
-
-    def _set_baseline(self, baseline: float, pool: list[float], level: int) -> None:
-        """Take *baseline* and the noise of the sorted *pool* behind it."""
-        self.best = baseline
-        samples = self._samples
-        samples.level = level
-        samples.count = count = len(pool)
-        threshold = self._threshold(baseline)
-        lower = baseline + (threshold - baseline) / 2
-        slow_share = (count - bisect_right(pool, threshold)) / count
-        self._pool_slow_share = slow_share
+    def _size_rounds(self) -> None:
         self._round_size = round_size_for_noise(
-            max(slow_share, self._probe.slow_share())
+            max(self._baseline.pool_slow_share, self._probe.slow_share())
         )
-        self._steady = bisect_right(pool, lower) == count
-        self._unloaded_max = pool[-1]
 
     def _rebaseline(
         self,
@@ -364,11 +304,9 @@ class LatencyLimit:
     ) -> None:
         """The host itself changed speed: start the baseline over."""
         level = max(1, int(self.limit))
-        self._samples.reset(now, latencies, level)
-        self._set_baseline(baseline, latencies, level)
-        # Established: the next pools must come from levels as low as this
-        # round's, or show another change of speed.
-        self._samples.count = max(self._samples.count, POOL)
+        self._baseline.restart(now, baseline, latencies, level, self._threshold)
+        self.best = baseline
+        self._size_rounds()
         self._speed.reset()
         # The host changed: what was too many before says nothing now.
         self._failed_level = 0
@@ -391,7 +329,7 @@ class LatencyLimit:
         if not 0 < latency < math.inf:
             return
         self.last_latency = latency
-        self._record(now, latency, in_flight)
+        self._baseline.record(now, latency, in_flight, self.current())
         self._speed.answered(now, latency)
         probe = self._probe
         started = probe.started
@@ -404,9 +342,7 @@ class LatencyLimit:
                 )
             if probe.is_over(now, self.best):
                 self._end_probe(now)
-        samples = self._samples
-        if samples.count < POOL or now - samples.updated_at > self.window:
-            # Too few samples yet for a stable median: every one counts.
+        if self._baseline.is_due(now, self.window):
             self._update_baseline(now)
         best = self.best
         assert best is not None
@@ -417,14 +353,13 @@ class LatencyLimit:
         counted = sent >= current_round.mark
         threshold = self._threshold(best)
         if latency <= threshold:
-            band = threshold - best
-            step = 2.0 * (threshold - latency) / band if 0 < band < math.inf else 1.0
+            step = growth_step(latency, best, threshold)
             if step < 1.0 and counted:
                 current_round.upper += 1
             if (
                 step < 1.0
                 and self._slow_start
-                and current_round.queue_forming(steady=self._steady)
+                and current_round.queue_forming(steady=self._baseline.steady)
             ):
                 self._slow_start = False
             # int(limit) is current(): the limit always lies within its bounds.
@@ -433,21 +368,14 @@ class LatencyLimit:
                 and in_flight >= int(limit) - 1
                 and (self._slow_start or sent >= self._raised_at)
             ):
-                step = min(step, 1.0)
-                if self._slow_start:
-                    grown = limit + step
-                else:
-                    if (
-                        int(limit) + 1 >= self._failed_level
-                        and now - self._failed_at <= self.window
-                    ):
-                        # Just below the level whose round was slow: approach
-                        # it slowly (TCP CUBIC's plateau), so the limit does
-                        # not spend every other round there.
-                        step *= _NEAR_FAILED
-                    grown = limit + step / limit
-                if grown >= self._maximum:
-                    grown = float(self._maximum)
+                grown = grown_limit(
+                    limit,
+                    step,
+                    slow_start=self._slow_start,
+                    plateau=int(limit) + 1 >= self._failed_level
+                    and now - self._failed_at <= self.window,
+                    maximum=self._maximum,
+                )
                 raised = int(grown) > int(limit)
                 self.limit = limit = grown
                 if raised:
@@ -462,7 +390,9 @@ class LatencyLimit:
         else:
             if counted:
                 current_round.upper += 1
-            if self._slow_start and current_round.queue_forming(steady=self._steady):
+            if self._slow_start and current_round.queue_forming(
+                steady=self._baseline.steady
+            ):
                 self._slow_start = False
             if counted:
                 self._count_slow(now, latency)
@@ -497,9 +427,11 @@ class LatencyLimit:
         current_round.latencies.append(latency)
         target = self._round_target()
         if 2 * current_round.slow >= target or (
-            latency > self._unloaded_max
+            latency > self._baseline.unloaded_max
             and target >= FAR_RULE_TARGET
-            and current_round.recent_far_majority(int(self.limit), self._unloaded_max)
+            and current_round.recent_far_majority(
+                int(self.limit), self._baseline.unloaded_max
+            )
         ):
             self._end_round(now, slow=True)
 
@@ -534,9 +466,11 @@ class LatencyLimit:
                 # noise): the host sped up (e.g. the end of a slowdown).
                 # Noise alone puts half of them there.
                 quartile = values[(3 * len(values)) // 4]
-                if quartile < best * self._speedup_factor(len(values)):
+                if quartile < best * self._baseline.speedup_factor(
+                    len(values), _SPEEDUP
+                ):
                     self._rebaseline(now, lower_median(values), values)
-            if self._samples.dirty:
+            if self._baseline.samples.dirty:
                 self._update_baseline(now)
         current_round.start(now)
         if (

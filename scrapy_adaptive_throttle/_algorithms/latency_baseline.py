@@ -44,9 +44,11 @@ records the baseline is estimated from, and the baseline's own rules:
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 
-__all__ = ["LevelSamples", "LoadHistory", "lower_median"]
+__all__ = ["LevelSamples", "LoadHistory", "UnloadedBaseline", "lower_median"]
 
 #: Samples the baseline is the median of, once that many are fresh: the
 #: median of 32 lognormal(sigma 0.6) latencies is within 13% of the true
@@ -281,3 +283,97 @@ class LevelSamples:
             if len(pool) >= POOL:
                 break
         return pool, top
+
+
+class UnloadedBaseline:
+    """The baseline latency and the noise of the unloaded answers behind it.
+
+    Attributes: ``best`` (the baseline: the median of the pool of the lowest
+    in-flight levels; None before the first answer), ``samples`` and
+    ``load`` (the records it is estimated from), ``pool_slow_share`` (the
+    share of the pool above the threshold), ``steady`` (no answer of the
+    pool in the upper half of the tolerance band) and ``unloaded_max`` (the
+    pool's slowest answer).
+    """
+
+    __slots__ = ("best", "load", "pool_slow_share", "samples", "steady", "unloaded_max")
+
+    def __init__(self) -> None:
+        self.best: float | None = None
+        self.samples = LevelSamples()
+        self.load = LoadHistory()
+        self.pool_slow_share = 0.0
+        self.steady = True
+        self.unloaded_max = math.inf
+
+    def record(self, now: float, latency: float, in_flight: int, current: int) -> None:
+        """Add an answer; *in_flight* and the whole limit *current* give its
+        level when its send was not noted."""
+        # The load a request met is what was in flight when it was sent: at
+        # most the whole limit then (requests in flight when it answers may
+        # have been sent later, into a different queue).
+        sent = now - latency
+        level = self.load.level_at(sent)
+        if level is None:
+            # Not noted (or too old): at most the limit of the time, and at
+            # most what is in flight now if the limit was not in use.
+            sent_limit = self.load.limit_at(sent, current)
+            level = in_flight if in_flight < sent_limit else sent_limit
+        self.samples.record(now, latency, level)
+
+    def is_due(self, now: float, window: float) -> bool:
+        """Too few samples yet for a stable median (every one counts), or
+        none taken for a *window*."""
+        samples = self.samples
+        return samples.count < POOL or now - samples.updated_at > window
+
+    def update(
+        self, now: float, window: float, threshold: Callable[[float], float]
+    ) -> bool:
+        """Recompute the baseline from the lowest in-flight levels (False:
+        no sample is left, nothing changed)."""
+        estimate = self.samples.estimate(now, window)
+        if estimate is None:
+            return False
+        pool, top = estimate
+        self.take(lower_median(pool), pool, top, threshold)
+        return True
+
+    def take(
+        self,
+        baseline: float,
+        pool: list[float],
+        level: int,
+        threshold: Callable[[float], float],
+    ) -> None:
+        """Take *baseline* and the noise of the sorted *pool* behind it."""
+        self.best = baseline
+        samples = self.samples
+        samples.level = level
+        samples.count = count = len(pool)
+        limit = threshold(baseline)
+        lower = baseline + (limit - baseline) / 2
+        self.pool_slow_share = (count - bisect_right(pool, limit)) / count
+        self.steady = bisect_right(pool, lower) == count
+        self.unloaded_max = pool[-1]
+
+    def restart(
+        self,
+        now: float,
+        baseline: float,
+        latencies: list[float],
+        level: int,
+        threshold: Callable[[float], float],
+    ) -> None:
+        """The host itself changed speed: start over from *latencies*."""
+        self.samples.reset(now, latencies, level)
+        self.take(baseline, latencies, level, threshold)
+        # Established: the next pools must come from levels as low as this
+        # round's, or show another change of speed.
+        self.samples.count = max(self.samples.count, POOL)
+
+    def speedup_factor(self, count: int, speedup: float) -> float:
+        """How much faster than the baseline *count* answers must be to show
+        a host that sped up: *speedup*, and beyond their noise."""
+        error = Z * 1.5 * MEDIAN_EFFICIENCY * self.samples.spread / math.sqrt(count)
+        return min(speedup, math.exp(-error))
