@@ -1,6 +1,6 @@
 """The latency limit on the host model, over many cases: a sweep, not a test.
 
-``python -m tests.algorithms.host_model_sweep``
+``python -m tests.algorithms.host_model_sweep [--fixed]``
 
 Six kinds of service time x two hosts (8 workers x 20 ms, 2 workers x
 100 ms) x four seeds x two crawler turnarounds (2 and 8 ms) x a cold start
@@ -10,12 +10,19 @@ the host's capacity and the median latency as a multiple of the unloaded
 median, then every case that misses 0.9 of capacity or a median within 1.5x
 (the figures of issue 9), so that a change of the limit can be compared case
 by case (``diff`` the output of two revisions).
+
+``--fixed`` prints instead what a fixed limit of 8 to 20 reaches on the
+8-worker host (no 503 queue limit) at turnarounds of 2, 8 and 15 ms: the
+rate as a share of capacity and the median latency as a multiple of the
+unloaded median, from 2 s on, so that the figures of issue 9 can be checked
+for reachability at a given turnaround.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import sys
 from collections.abc import Callable
 
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
@@ -25,6 +32,7 @@ from tests.latency_host_model import (
     crawl,
     heavy_tailed,
     lognormal,
+    simulate,
 )
 
 KINDS = {
@@ -90,5 +98,53 @@ def main() -> None:
         print("miss:", line)
 
 
+class FixedLimit:
+    """A client that keeps *limit* requests in flight."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+
+    def limit(self) -> int:
+        return self._limit
+
+    def wait(self, now: float) -> float:
+        return 0.0
+
+    def sent(self, now: float) -> None:
+        pass
+
+    def answered(self, now: float, latency: float, overloaded: bool) -> None:
+        pass
+
+    def freed(self, now: float) -> None:
+        pass
+
+
+def fixed_limits() -> None:
+    for name in ("lognormal-0.3", "lognormal-1.0", "bimodal"):
+        draw = KINDS[name]
+        unloaded = unloaded_median(draw, 0.02)
+        for turnaround in (0.002, 0.008, 0.015):
+            cells = []
+            for limit in (8, 9, 10, 11, 12, 14, 16, 20):
+                host = SimulatedHost(
+                    workers=8,
+                    service=0.02,
+                    draw=draw,
+                    rng=random.Random(1),
+                    queue=10**6,
+                )
+                result = simulate(FixedLimit(limit), host, 12.0, turnaround=turnaround)
+                rate = result.rate(2.0, 12.0) / host.capacity
+                median = result.median_latency(2.0) / unloaded
+                cells.append(f"{limit}: {rate:.2f}/{median:.2f}x")
+            print(
+                f"{name:14} turnaround {turnaround * 1000:2.0f} ms  " + "  ".join(cells)
+            )
+
+
 if __name__ == "__main__":
-    main()
+    if "--fixed" in sys.argv[1:]:
+        fixed_limits()
+    else:
+        main()
