@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from ._types import ScopeID
 
-__all__ = ["DelayedRequests", "EngineWakeup", "QueueSchedule"]
+__all__ = ["DelayedRequests", "EngineWakeup", "QueueSchedule", "pending_scopes"]
 
 
 class QueueSchedule:
@@ -46,6 +46,10 @@ class QueueSchedule:
         # its send back opens that scope's gate early (on_timer_opened).
         self._timed_by_scope: dict[ScopeID, set[str]] = {}
         self._seq = 0
+
+    def pending_scopes(self) -> set[ScopeID]:
+        """The scopes of every scope set with a queue here."""
+        return {scope for entry in self.entries.values() for scope in entry.scopes}
 
     def make_ready(self, entry: ScopeSetEntry) -> None:
         """Put *entry* with the queues that may be sendable (re-keyed by its
@@ -177,6 +181,18 @@ class QueueSchedule:
                 break
         if not waiting:
             del self._blocked[scope_id]
+
+
+def pending_scopes(queue: object) -> set[ScopeID] | None:
+    """The scopes with requests in *queue*, if it is a
+    :class:`~scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue`
+    (``None`` for any other queue, which does not say)."""
+    from ._pqueue import ThrottlingAwarePriorityQueue
+
+    if not isinstance(queue, ThrottlingAwarePriorityQueue):
+        return None
+    # The queue's own schedule: _pqueue.py has no public accessor for it yet.
+    return queue._schedule.pending_scopes()
 
 
 class DelayedRequests:
