@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.asyncio import call_later
 
@@ -30,7 +30,13 @@ if TYPE_CHECKING:
 
     from ._types import ScopeID
 
-__all__ = ["DelayedRequests", "EngineWakeup", "QueueSchedule", "pending_scopes"]
+__all__ = [
+    "DelayedRequests",
+    "EngineWakeup",
+    "QueueSchedule",
+    "engine_slot",
+    "pending_scopes",
+]
 
 
 class QueueSchedule:
@@ -183,6 +189,17 @@ class QueueSchedule:
             del self._blocked[scope_id]
 
 
+def engine_slot(engine: object) -> Any:
+    """The engine's slot (its scheduler, ``nextcall``, ``closing``), ``None``
+    while no spider is open.
+
+    Scrapy's engine, not user code: the slot is private and has no public
+    accessor up to Scrapy 2.19 (``engine.scheduler`` is new in 2.19; the
+    add-on supports 2.18), so this is the one place that reads it.
+    """
+    return getattr(engine, "_slot", None)
+
+
 def pending_scopes(queue: object) -> set[ScopeID] | None:
     """The scopes with requests in *queue*, if it is a
     :class:`~scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue`
@@ -270,6 +287,6 @@ class EngineWakeup:
             engine = self.crawler.engine
         except RuntimeError:  # the crawl has not started (or already ended)
             return
-        slot = getattr(engine, "_slot", None)  # Scrapy's engine, not user code
+        slot = engine_slot(engine)
         if slot is not None:
             slot.nextcall.schedule()

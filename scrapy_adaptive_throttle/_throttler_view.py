@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._crawler_throttler import current_throttler
 from ._manager import ThrottlingManager
-from ._queue_schedule import pending_scopes
+from ._queue_schedule import engine_slot, pending_scopes
 from ._scope_registry import AdaptedScopeManagers
 
 if TYPE_CHECKING:
@@ -32,13 +33,7 @@ if TYPE_CHECKING:
     from ._scope_adapter import ScopeAdapter
     from ._types import RequestScopes, ScopeID
 
-__all__ = ["ThrottlerView", "current_throttler"]
-
-
-def current_throttler(crawler: Crawler) -> Any:
-    """``crawler.throttler``, or ``None`` while no component has built it
-    (or without the add-on)."""
-    return getattr(crawler, "throttler", None)
+__all__ = ["ThrottlerView"]
 
 
 class ThrottlerView:
@@ -112,10 +107,7 @@ class ThrottlerView:
             engine = self.crawler.engine
         except RuntimeError:  # the crawl has not started
             return None
-        # Scrapy's engine, not user code: its slot is private, and was
-        # public (``slot``) in older Scrapy versions.
-        slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
-        return getattr(slot, "scheduler", None)
+        return getattr(engine_slot(engine), "scheduler", None)
 
     def pending_scopes(self) -> set[ScopeID] | None:
         """The scopes with requests waiting in the scheduler, ``None`` when
