@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from scrapy.utils.test import get_crawler
-from scrapy_adaptive_throttle._wiring import get_throttler
 
 from scrapy_adaptive_throttle import LatencyScopeManager, ThrottlingScopeManager
 from scrapy_adaptive_throttle._algorithms.concurrency import (
@@ -15,6 +14,7 @@ from scrapy_adaptive_throttle._algorithms.concurrency import (
     FixedLimit,
     RampupLimit,
 )
+from scrapy_adaptive_throttle._crawler_throttler import get_throttler
 from scrapy_adaptive_throttle._scope_state import (
     LocalScopeStore,
     ScopeParts,
