@@ -22,9 +22,15 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
-__all__ = ["get_throttler"]
+__all__ = ["current_throttler", "get_throttler"]
 
 logger = logging.getLogger(__name__)
+
+
+def current_throttler(crawler: Crawler) -> Any:
+    """``crawler.throttler`` as it is now: ``None`` until a component built
+    it, and on a crawler without the add-on (the one place that looks)."""
+    return getattr(crawler, "throttler", None)
 
 
 def get_throttler(crawler: Crawler) -> Any:
@@ -40,7 +46,7 @@ def get_throttler(crawler: Crawler) -> Any:
     ``_queue_gate.py``); a :exc:`ValueError` naming the setting and the
     missing methods says otherwise, at start-up.
     """
-    throttler = getattr(crawler, "throttler", None)
+    throttler = current_throttler(crawler)
     if throttler is not None:
         return throttler
     config = ThrottlingSettings.from_crawler(crawler)

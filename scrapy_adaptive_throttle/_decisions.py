@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.http import Response
 
+    from ._latency_scope_manager import LatencyScopeManager
     from ._scope_adapter import ScopeAdapter
     from ._types import ScopeID
 
@@ -242,17 +243,16 @@ def record_backoff_decision(  # noqa: PLR0917 (the call sites read as a sentence
         )
 
 
-def limit_changed(manager: Any, old: int, new: int, now: float) -> None:
+def limit_changed(manager: LatencyScopeManager, old: int, new: int, now: float) -> None:
     """The hook a scope manager calls when its adaptive limit changes.
 
     Logs the change at DEBUG (rate-limited) with :setting:`THROTTLING_DEBUG`;
     costs one attribute read otherwise.
     """
-    if not getattr(manager, "_debug", False):
+    if not manager._debug:
         return
-    limit = getattr(manager, "latency_limit", None)
-    last = getattr(limit, "last_latency", None)
-    best = getattr(limit, "best", None)
+    limit = manager.latency_limit
+    last, best = limit.last_latency, limit.best
     log_decision(
         manager.crawler,
         manager.id,

@@ -37,7 +37,6 @@ from ._explain import Explanation, primary_reason, scope_wait_reasons
 from ._meta_keys import DOWNLOAD_LATENCY_META_KEY, RESOLVED_SCOPES_META_KEY
 from ._observability_settings import ObservabilitySettings
 from ._progress import Survey, format_progress, set_gauges, survey
-from ._scope_manager import ThrottlingScopeManager
 from ._scope_stats import (
     LISTED_SCOPES,
     choose_stats_scopes,
@@ -45,15 +44,18 @@ from ._scope_stats import (
     set_latency_summary,
     set_scope_stats,
 )
+from ._throttler_view import ThrottlerView
 from ._timeline import ScopeTraffic, TimelineWriter
 from ._types import ScopeID, dont_track, iter_scopes
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from typing_extensions import Self
+
+    from ._scope_adapter import ScopeAdapter
 
 __all__ = [
     "ObservabilitySettings",
@@ -80,6 +82,8 @@ class ThrottlingDiagnostics:
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
+        #: The throttler and scheduler, read through one view.
+        self.view = ThrottlerView(crawler)
         self.settings = ObservabilitySettings.from_crawler(crawler)
         self.debug = self.settings.debug
         self.task: Any = None
@@ -108,30 +112,21 @@ class ThrottlingDiagnostics:
 
     @property
     def throttler(self) -> Any:
-        return getattr(self.crawler, "throttler", None)
+        return self.view.throttler
 
-    def _managers(self) -> dict[ScopeID, Any]:
-        managers: dict[ScopeID, Any] = getattr(self.throttler, "_scope_managers", {})
-        return managers
-
-    def _states(self) -> list[dict[str, Any]]:
-        iter_states = getattr(self.throttler, "iter_scope_states", None)
-        if iter_states is None:
-            return []
-        states: Iterable[dict[str, Any]] = iter_states()
-        return list(states)
+    def _scopes(self) -> Mapping[ScopeID, ScopeAdapter]:
+        return self.view.scopes()
 
     def _state(self, scope: ScopeID, now: float) -> dict[str, Any] | None:
-        manager = self._managers().get(scope)
-        if manager is None:
+        adapter = self._scopes().get(scope)
+        if adapter is None:
             return None
-        get_state = getattr(manager, "get_state", None)
-        if get_state is None:
-            return {"in_flight": getattr(manager, "active", 0)}
-        return dict(get_state(now))
+        if not adapter.reports_state:
+            return {"in_flight": adapter.in_flight}
+        return adapter.get_state(now)
 
     def _clock(self) -> float:
-        clock = getattr(self.throttler, "clock", None)
+        clock = self.view.clock()
         return float(clock()) if clock is not None else self.wall_clock()
 
     # -- signals -----------------------------------------------------------------
@@ -161,10 +156,9 @@ class ThrottlingDiagnostics:
             return
         scopes = meta.get(RESOLVED_SCOPES_META_KEY)
         if scopes is None:
-            get_scopes = getattr(self.throttler, "get_request_scopes", None)
-            if get_scopes is None:
+            scopes = self.view.request_scopes(request)
+            if scopes is None:
                 return
-            scopes = get_scopes(request)
         self.traffic.record(iter_scopes(scopes), meta.get(DOWNLOAD_LATENCY_META_KEY))
 
     def update_telnet_vars(self, telnet_vars: dict[str, Any]) -> None:
@@ -188,37 +182,21 @@ class ThrottlingDiagnostics:
 
     def survey(self, now: float) -> Survey:
         """One pass over the live scopes (bounded work per scope)."""
-        managers = self._managers()
-        result = survey(managers, self._pending_scopes(managers), now)
+        scopes = self._scopes()
+        result = survey(scopes, self._pending_scopes(scopes), now)
         result.scheduler_requests = self._scheduler_requests()
         return result
 
-    def _pending_scopes(self, managers: dict[ScopeID, Any]) -> Iterable[ScopeID]:
+    def _pending_scopes(
+        self, scopes: Mapping[ScopeID, ScopeAdapter]
+    ) -> Iterable[ScopeID]:
         """Scopes with requests waiting in the throttling-aware queue (every
         live scope if the queue does not say)."""
-        scheduler = self._scheduler()
-        queue = getattr(scheduler, "mqs", None)
-        entries = getattr(queue, "_entries", None)
-        if not isinstance(entries, dict):
-            return list(managers)
-        pending: set[ScopeID] = set()
-        for entry in entries.values():
-            pending.update(getattr(entry, "scopes", ()))
-        disk = getattr(scheduler, "dqs", None)
-        for entry in getattr(disk, "_entries", {}).values():
-            pending.update(getattr(entry, "scopes", ()))
-        return pending
-
-    def _scheduler(self) -> Any:
-        try:
-            engine = self.crawler.engine
-        except RuntimeError:  # the crawl has not started
-            return None
-        slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
-        return getattr(slot, "scheduler", None)
+        pending = self.view.pending_scopes()
+        return list(scopes) if pending is None else pending
 
     def _scheduler_requests(self) -> int | None:
-        scheduler = self._scheduler()
+        scheduler = self.view.scheduler()
         try:
             return len(scheduler) if scheduler is not None else None
         except TypeError:
@@ -241,7 +219,7 @@ class ThrottlingDiagnostics:
 
     def format_progress(self, survey: Survey, now: float) -> str:
         """The progress line (one line, a few hundred characters at most)."""
-        return format_progress(survey, self.traffic, self._managers())
+        return format_progress(survey, self.traffic, self._scopes())
 
     # -- timeline -------------------------------------------------------------
 
@@ -253,14 +231,14 @@ class ThrottlingDiagnostics:
         interval = wall - self._last_sample
         self._last_sample = wall
         now = self._clock()
-        managers = self._managers()
+        scopes = self._scopes()
 
         def state(scope: ScopeID) -> dict[str, Any] | None:
-            manager = managers.get(scope)
-            if manager is None:
+            adapter = scopes.get(scope)
+            if adapter is None:
                 return None  # evicted since
             found = self._state(scope, now) or {}
-            found["waiting"] = primary_reason(scope_wait_reasons(manager, now))
+            found["waiting"] = primary_reason(scope_wait_reasons(adapter, now))
             return found
 
         self.timeline.sample(wall - self._started, interval, self.traffic, state)
@@ -276,7 +254,7 @@ class ThrottlingDiagnostics:
         if self._timeline_stream is not None:
             self._timeline_stream.close()
             self._timeline_stream = None
-        if self._managers():
+        if self._scopes():
             survey = self.report_progress() if self.settings.progress else None
             if survey is None:
                 self.set_gauges(self.survey(self._clock()))
@@ -286,11 +264,10 @@ class ThrottlingDiagnostics:
     def stats_scopes(self) -> list[ScopeID]:
         """The scopes given per-scope stats at close: the configured ones
         (up to 50) and the :setting:`THROTTLING_STATS_SCOPES` busiest."""
-        config = getattr(self.throttler, "config", None)
         return choose_stats_scopes(
-            config.scopes if config else (),
+            self.view.configured_scopes(),
             self.traffic,
-            self._managers(),
+            self._scopes(),
             self.settings.stats_scopes,
         )
 
@@ -310,7 +287,7 @@ class ThrottlingDiagnostics:
 
     def log_states(self) -> None:
         """Log the busiest scopes (most requests in flight, then highest limit)."""
-        states = self._states()
+        states = self.view.states()
         if not states:
             return
         busiest = sorted(
@@ -330,9 +307,8 @@ class ThrottlingDiagnostics:
             return
         now = self._clock()
         adaptive = []
-        for scope, manager in list(self._managers().items()):
-            if isinstance(manager, ThrottlingScopeManager):
-                state = manager.scope_state(now).adaptive
-                if state is not None:
-                    adaptive.append((scope, state))
+        for scope, adapter in list(self._scopes().items()):
+            scope_state = adapter.scope_state(now)
+            if scope_state is not None and scope_state.adaptive is not None:
+                adaptive.append((scope, scope_state.adaptive))
         set_latency_summary(stats, adaptive)

@@ -34,14 +34,14 @@ from ._meta_keys import (
     DELAYED_META_KEY,
     RESOLVED_SCOPES_META_KEY,
 )
-from ._scope import Scope
-from ._scope_state import ScopeState
 from ._types import ScopeID, iter_scope_values
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._manager import ThrottlingManager
+    from ._scope import Scope
+    from ._scope_adapter import ScopeAdapter
 
 __all__ = ["Explanation", "ScopeExplanation", "explain", "scope_wait_reasons"]
 
@@ -149,23 +149,22 @@ class Explanation:
 
 
 def scope_wait_reasons(
-    manager: Any, now: float, amount: float | None = None
+    adapter: ScopeAdapter, now: float, amount: float | None = None
 ) -> dict[str, float]:
-    """``{reason: seconds}`` for each gate of *manager* that is closed at *now*.
+    """``{reason: seconds}`` for each gate of the scope of *adapter* that is
+    closed at *now*.
 
     Reads the default scope managers' state without changing it; any other
     scope manager is asked through its protocol (``can_send``,
     ``concurrency_blocked``) and answers ``"other"``.
     """
-    scope = getattr(manager, "scope", None)
-    if isinstance(scope, Scope):
+    scope = adapter.scope
+    if scope is not None:
         reasons = _time_gate_reasons(scope, now, amount)
     else:
-        can_send = getattr(manager, "can_send", None)
-        wait = float(can_send(now, amount)) if can_send is not None else 0.0
+        wait = float(adapter.can_send(now, amount))
         reasons = {"other": wait} if wait > 0 else {}
-    blocked = getattr(manager, "concurrency_blocked", None)
-    if blocked is not None and blocked():
+    if adapter.concurrency_blocked():
         reasons["concurrency"] = 0.0
     return reasons
 
@@ -215,9 +214,8 @@ def explain_scope(
 
     if now is None:
         now = throttler.clock()
-    managers: Any = getattr(throttler, "_scope_managers", {})
-    manager = managers.get(scope_id)
-    if manager is None:
+    adapter = throttler.scope_adapters().get(scope_id)
+    if adapter is None:
         return ScopeExplanation(
             scope=scope_id,
             reason=None,
@@ -231,11 +229,11 @@ def explain_scope(
             known=False,
             state={},
         )
-    reasons = scope_wait_reasons(manager, now, amount)
+    reasons = scope_wait_reasons(adapter, now, amount)
     timed = [wait for reason, wait in reasons.items() if reason != "concurrency"]
-    scope_state = getattr(manager, "scope_state", None)
-    if isinstance(getattr(manager, "scope", None), Scope) and scope_state is not None:
-        typed: ScopeState = scope_state(now)
+    cause = last_backoff_cause(adapter.manager)
+    typed = adapter.scope_state(now)
+    if typed is not None:
         return ScopeExplanation(
             scope=scope_id,
             reason=primary_reason(reasons),
@@ -245,26 +243,21 @@ def explain_scope(
             in_flight=typed.in_flight,
             delay=typed.delay,
             backoff_level=typed.backoff_level,
-            backoff_cause=last_backoff_cause(manager),
+            backoff_cause=cause,
             known=True,
             state=typed.as_dict(),
         )
-    get_state = getattr(manager, "get_state", None)
-    state: dict[str, Any] = (
-        dict(get_state(now))
-        if get_state is not None
-        else {"scope": scope_id, "manager": type(manager).__name__}
-    )
+    state = adapter.get_state(now)
     return ScopeExplanation(
         scope=scope_id,
         reason=primary_reason(reasons),
         wait=max(timed, default=0.0),
         reasons=reasons,
-        limit=state.get("limit", getattr(manager, "concurrency", None)),
-        in_flight=int(state.get("in_flight", getattr(manager, "active", 0))),
+        limit=state.get("limit", adapter.limit),
+        in_flight=int(state.get("in_flight", adapter.in_flight)),
         delay=float(state.get("delay", 0.0)),
         backoff_level=int(state.get("backoff_level", 0)),
-        backoff_cause=last_backoff_cause(manager),
+        backoff_cause=cause,
         known=True,
         state=state,
     )

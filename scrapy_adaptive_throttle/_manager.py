@@ -60,12 +60,15 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
     from typing_extensions import Self
 
     from ._explain import Explanation
+    from ._scope_adapter import ScopeAdapter
 
 __all__ = [
     "DELAYED_META_KEY",
@@ -501,6 +504,13 @@ class ThrottlingManager:
         from ._explain import explain
 
         return explain(self, request_or_scope)
+
+    def scope_adapters(self) -> Mapping[ScopeID, ScopeAdapter]:
+        """The live scopes by scope id, least recently used first, each
+        behind its :class:`~scrapy_adaptive_throttle._scope_adapter.ScopeAdapter`:
+        a read-only, live view (reading it creates and refreshes no scope)
+        through which diagnostics, explain and stats read scope state."""
+        return self._registry.live
 
 
 async def _response_backoff(

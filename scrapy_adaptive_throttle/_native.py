@@ -120,9 +120,10 @@ class LatencySampleMiddleware:
 
     def _feeds_samples(self) -> bool:
         if self._enabled is None:
+            from ._crawler_throttler import current_throttler
             from ._manager import ThrottlingManager
 
-            throttler = getattr(self.crawler, "throttler", None)
+            throttler = current_throttler(self.crawler)
             self._enabled = not isinstance(throttler, ThrottlingManager)
         return self._enabled
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._explain import REASONS, primary_reason, scope_wait_reasons
-from ._scope import Scope
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
     from scrapy.statscollectors import StatsCollector
 
+    from ._scope_adapter import ScopeAdapter
     from ._timeline import ScopeTraffic
     from ._types import ScopeID
 
@@ -38,30 +38,31 @@ class Survey:
     in_flight: int = 0
     #: Scopes with requests waiting in the scheduler, by the reason they wait.
     held: dict[str, int] | None = None
-    busiest: list[tuple[int, ScopeID, Any]] | None = None
+    #: ``(in flight, scope, adapter)`` of the busiest scopes.
+    busiest: list[tuple[int, ScopeID, ScopeAdapter]] | None = None
     longest_hold: float = 0.0
     longest_hold_scope: ScopeID | None = None
     scheduler_requests: int | None = None
 
 
 def survey(
-    managers: Mapping[ScopeID, Any], pending: Iterable[ScopeID], now: float
+    scopes: Mapping[ScopeID, ScopeAdapter], pending: Iterable[ScopeID], now: float
 ) -> Survey:
-    """Survey *managers* at *now*; *pending* are the scopes with requests
-    waiting in the scheduler (whose wait reasons are counted)."""
-    result = Survey(scopes=len(managers), held=dict.fromkeys(REASONS, 0))
+    """Survey the live *scopes* at *now*; *pending* are the scopes with
+    requests waiting in the scheduler (whose wait reasons are counted)."""
+    result = Survey(scopes=len(scopes), held=dict.fromkeys(REASONS, 0))
     assert result.held is not None
     in_flight = 0
     longest = 0.0
     longest_scope = None
-    busy: list[tuple[int, ScopeID, Any]] = []
+    busy: list[tuple[int, ScopeID, ScopeAdapter]] = []
     # One pass of attribute reads: this runs over every live scope.
-    for scope, manager in managers.items():
-        active = getattr(manager, "active", 0)
+    for scope, adapter in scopes.items():
+        active = adapter.in_flight
         if active:
             in_flight += active
-            busy.append((active, scope, manager))
-        hold = _hold_until(manager)
+            busy.append((active, scope, adapter))
+        hold = _hold_until(adapter)
         if hold is not None and hold - now > longest:
             longest, longest_scope = hold - now, scope
     result.in_flight = in_flight
@@ -69,20 +70,20 @@ def survey(
     result.longest_hold_scope = longest_scope
     result.busiest = heapq.nlargest(PROGRESS_SCOPES, busy, key=lambda item: item[0])
     for scope in pending:
-        manager = managers.get(scope)
-        if manager is None:
+        pending_adapter = scopes.get(scope)
+        if pending_adapter is None:
             continue
-        reason = primary_reason(scope_wait_reasons(manager, now))
+        reason = primary_reason(scope_wait_reasons(pending_adapter, now))
         if reason is not None:
             result.held[reason] = result.held.get(reason, 0) + 1
     return result
 
 
-def _hold_until(manager: Any) -> float | None:
+def _hold_until(adapter: ScopeAdapter) -> float | None:
     """When the server-given hold of a default scope manager ends (``None``
     for a custom one, which does not say)."""
-    scope = getattr(manager, "scope", None)
-    return scope.backoff.hold_until if isinstance(scope, Scope) else None
+    scope = adapter.scope
+    return scope.backoff.hold_until if scope is not None else None
 
 
 def set_gauges(stats: StatsCollector, survey: Survey) -> None:
@@ -99,7 +100,7 @@ def set_gauges(stats: StatsCollector, survey: Survey) -> None:
 
 
 def format_progress(
-    survey: Survey, traffic: ScopeTraffic, managers: Mapping[ScopeID, Any]
+    survey: Survey, traffic: ScopeTraffic, scopes: Mapping[ScopeID, ScopeAdapter]
 ) -> str:
     """The progress line (one line, a few hundred characters at most)."""
     from ._decisions import last_backoff_cause
@@ -116,8 +117,8 @@ def format_progress(
         parts.append("none holding requests back")
     if survey.busiest:
         described = []
-        for active, scope, manager in survey.busiest:
-            limit = getattr(manager, "concurrency", None)
+        for active, scope, adapter in survey.busiest:
+            limit = adapter.limit
             text = f"{scope} ({active}/{'-' if limit is None else limit} in flight"
             histogram = traffic.latencies.get(scope)
             if histogram is not None:
@@ -127,8 +128,12 @@ def format_progress(
             described.append(text + ")")
         parts.append("busiest: " + ", ".join(described))
     if survey.longest_hold_scope is not None:
-        manager = managers.get(survey.longest_hold_scope)
-        cause = last_backoff_cause(manager) if manager is not None else None
+        held_adapter = scopes.get(survey.longest_hold_scope)
+        cause = (
+            last_backoff_cause(held_adapter.manager)
+            if held_adapter is not None
+            else None
+        )
         parts.append(
             f"longest server hold {survey.longest_hold:.1f}s on "
             f"{survey.longest_hold_scope}" + (f" ({cause})" if cause else "")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.asyncio import call_later
 
@@ -30,7 +30,13 @@ if TYPE_CHECKING:
 
     from ._types import ScopeID
 
-__all__ = ["DelayedRequests", "EngineWakeup", "QueueSchedule"]
+__all__ = [
+    "DelayedRequests",
+    "EngineWakeup",
+    "QueueSchedule",
+    "engine_slot",
+    "pending_scopes",
+]
 
 
 class QueueSchedule:
@@ -46,6 +52,10 @@ class QueueSchedule:
         # its send back opens that scope's gate early (on_timer_opened).
         self._timed_by_scope: dict[ScopeID, set[str]] = {}
         self._seq = 0
+
+    def pending_scopes(self) -> set[ScopeID]:
+        """The scopes of every scope set with a queue here."""
+        return {scope for entry in self.entries.values() for scope in entry.scopes}
 
     def make_ready(self, entry: ScopeSetEntry) -> None:
         """Put *entry* with the queues that may be sendable (re-keyed by its
@@ -196,6 +206,29 @@ class QueueSchedule:
                 self.wake_one(scope)
 
 
+def engine_slot(engine: object) -> Any:
+    """The engine's slot (its scheduler, ``nextcall``, ``closing``), ``None``
+    while no spider is open.
+
+    Scrapy's engine, not user code: the slot is private and has no public
+    accessor up to Scrapy 2.19 (``engine.scheduler`` is new in 2.19; the
+    add-on supports 2.18), so this is the one place that reads it.
+    """
+    return getattr(engine, "_slot", None)
+
+
+def pending_scopes(queue: object) -> set[ScopeID] | None:
+    """The scopes with requests in *queue*, if it is a
+    :class:`~scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue`
+    (``None`` for any other queue, which does not say)."""
+    from ._pqueue import ThrottlingAwarePriorityQueue
+
+    if not isinstance(queue, ThrottlingAwarePriorityQueue):
+        return None
+    # The queue's own schedule: _pqueue.py has no public accessor for it yet.
+    return queue._schedule.pending_scopes()
+
+
 class DelayedRequests:
     """Requests held aside, in memory, while their :reqmeta:`throttling_delay`
     runs, by wall-clock deadline (so that a deadline survives a paused and
@@ -271,6 +304,6 @@ class EngineWakeup:
             engine = self.crawler.engine
         except RuntimeError:  # the crawl has not started (or already ended)
             return
-        slot = getattr(engine, "_slot", None)  # Scrapy's engine, not user code
+        slot = engine_slot(engine)
         if slot is not None:
             slot.nextcall.schedule()

@@ -20,10 +20,13 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._scope import Scope
 from ._types import ScopeID, ThrottlingScopeManagerProtocol
 
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
+
+    from ._scope_state import ScopeState
 
 __all__ = ["ScopeAdapter"]
 
@@ -81,7 +84,7 @@ class ScopeAdapter:
         is_idle = self._optional("is_idle")
         if is_idle is not None:
             return bool(is_idle(now, max_idle))
-        return not getattr(self.manager, "active", 0)
+        return not self.in_flight
 
     def get_load(self) -> float:
         get_load = self._optional("get_load")
@@ -114,8 +117,8 @@ class ScopeAdapter:
         spacing = next_spacing() if next_spacing is not None else 0.0
         return (
             self.scope_id,
-            getattr(self.manager, "concurrency", None),
-            int(getattr(self.manager, "active", 0)),
+            self.limit,
+            self.in_flight,
             float(spacing),
         )
 
@@ -210,6 +213,41 @@ class ScopeAdapter:
                 set_concurrency(concurrency)
 
     # -- observation ----------------------------------------------------------------
+    # Read-only: diagnostics, explain and stats read scopes only through these.
+
+    @property
+    def scope(self) -> Scope | None:
+        """The scope object of a default scope manager (its delay gate,
+        backoff, quota and concurrency limit), ``None`` for a custom one."""
+        scope = getattr(self.manager, "scope", None)
+        return scope if isinstance(scope, Scope) else None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests of the scope in flight (0 when the scope manager has no
+        ``active``)."""
+        return int(getattr(self.manager, "active", 0))
+
+    @property
+    def limit(self) -> int | None:
+        """The concurrency limit enforced now (``None``: none, or the scope
+        manager has no ``concurrency``)."""
+        limit: int | None = getattr(self.manager, "concurrency", None)
+        return limit
+
+    @property
+    def reports_state(self) -> bool:
+        """Whether the scope manager has a ``get_state`` snapshot of its own."""
+        return self._optional("get_state") is not None
+
+    def scope_state(self, now: float) -> ScopeState | None:
+        """The typed snapshot of a scope manager built on a scope object
+        (``None`` for any other: read :meth:`get_state`)."""
+        read = self._optional("scope_state")
+        if read is None or self.scope is None:
+            return None
+        state: ScopeState = read(now)
+        return state
 
     def get_state(self, now: float) -> dict[str, Any]:
         """A snapshot of the scope's state (the scope and the class name

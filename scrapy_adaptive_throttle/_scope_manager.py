@@ -291,7 +291,9 @@ class ThrottlingScopeManager:
         # Requests waiting for this scope must hear of the new slots: gate
         # waiters through slot events, the scheduler queue through the
         # manager's release listeners.
-        throttler = getattr(self.crawler, "throttler", None)
+        from ._crawler_throttler import current_throttler
+
+        throttler = current_throttler(self.crawler)
         notify = getattr(throttler, "notify_slots_changed", None)
         for _ in range(slots):
             self.wake_waiter()

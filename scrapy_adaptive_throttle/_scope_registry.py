@@ -15,6 +15,7 @@ import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, KeysView, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, cast
 
 from ._containment import ScopeManagerError
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
     from ._settings import ThrottlingSettings
 
-__all__ = ["ScopeManagers", "ScopeRegistry"]
+__all__ = ["AdaptedScopeManagers", "ScopeManagers", "ScopeRegistry"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ class ScopeRegistry:
         # half max-idle later: a scope configured before its first request
         # (e.g. with set_scope_delay) must not be dropped as never used.
         self._last_eviction: float | None = None
+
+    @property
+    def live(self) -> Mapping[ScopeID, ScopeAdapter]:
+        """A read-only, live view of the adapters, least recently used
+        first; reading it creates, refreshes and evicts nothing."""
+        return MappingProxyType(self.adapters)
 
     def get(self, scope_id: ScopeID) -> ScopeAdapter:
         """The adapter of *scope_id*, created if needed."""
@@ -187,3 +194,30 @@ class ScopeManagers(Mapping[ScopeID, ThrottlingScopeManagerProtocol]):
 
     def keys(self) -> KeysView[ScopeID]:
         return self._adapters.keys()
+
+
+class AdaptedScopeManagers(Mapping[ScopeID, ScopeAdapter]):
+    """Scope managers held by another manager (scope id -> scope manager),
+    each read through a :class:`ScopeAdapter` made when it is looked up.
+
+    For the scope managers of a manager that is not a
+    :class:`~scrapy_adaptive_throttle.ThrottlingManager` (Scrapy's own, in
+    native mode), so that diagnostics read every scope the same way.
+    """
+
+    __slots__ = ("_managers",)
+
+    def __init__(self, managers: Mapping[ScopeID, ThrottlingScopeManagerProtocol]):
+        self._managers = managers
+
+    def __getitem__(self, scope_id: ScopeID) -> ScopeAdapter:
+        return ScopeAdapter(scope_id, self._managers[scope_id])
+
+    def __iter__(self) -> Iterator[ScopeID]:
+        return iter(self._managers)
+
+    def __len__(self) -> int:
+        return len(self._managers)
+
+    def __contains__(self, scope_id: object) -> bool:
+        return scope_id in self._managers

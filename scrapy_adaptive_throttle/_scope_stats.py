@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from scrapy.statscollectors import StatsCollector
 
+    from ._scope_adapter import ScopeAdapter
     from ._scope_state import AdaptiveLimitState
     from ._timeline import ScopeTraffic
     from ._types import ScopeID
@@ -46,7 +47,7 @@ PINNED_MIN_SAMPLES = 20
 def choose_stats_scopes(
     configured: Iterable[ScopeID],
     traffic: ScopeTraffic,
-    managers: Mapping[ScopeID, Any],
+    scopes: Mapping[ScopeID, ScopeAdapter],
     busiest: int,
 ) -> list[ScopeID]:
     """The configured scopes seen in the crawl (up to 50), then the *busiest*
@@ -54,7 +55,7 @@ def choose_stats_scopes(
     chosen = [
         scope
         for scope in list(configured)[:CONFIGURED_STATS_SCOPES]
-        if scope in traffic.responses or scope in managers
+        if scope in traffic.responses or scope in scopes
     ]
     for scope in traffic.top(busiest):
         if scope not in chosen:

@@ -12,6 +12,7 @@ import pytest
 from scrapy import cmdline
 from scrapy.http import Request
 from scrapy.settings import Settings
+from twisted.internet.defer import Deferred
 
 from scrapy_adaptive_throttle import RequestScopes, ThrottlingManager
 
@@ -121,3 +122,26 @@ class SharedScopeManager(ThrottlingManager):
         own = super().get_request_scopes(request)
         assert isinstance(own, str)
         return [own, "shared"]
+
+
+class AwaitingScopeManager(ThrottlingManager):
+    """A project manager whose scopes come from an awaited look-up."""
+
+    async def get_scopes(self, request: Request) -> RequestScopes:
+        await Deferred()  # never fired
+        return "never.example"  # pragma: no cover - the look-up never ends
+
+
+def test_scopes_resolved_asynchronously_are_named_not_shown(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = run_command(
+        capsys,
+        "https://shop.example/item/1",
+        THROTTLING_MANAGER="tests.test_command.AwaitingScopeManager",
+    )
+    assert (
+        "scopes: resolved asynchronously by AwaitingScopeManager.get_scopes(); "
+        "not shown"
+    ) in out
+    assert "never.example" not in out

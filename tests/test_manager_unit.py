@@ -330,3 +330,21 @@ def test_a_scope_manager_with_only_the_required_methods() -> None:
     assert throttler.get_scope_state("minimal")["scope"] == "minimal"
     throttler.release(request)
     assert throttler.get_scope_manager("minimal").active == 0
+
+
+def test_the_scope_adapters_are_a_live_read_only_view() -> None:
+    throttler, _ = manager()
+    throttler.get_scope_state("a.example")
+    throttler.get_scope_state("b.example")
+    scopes = throttler.scope_adapters()
+    assert list(scopes) == ["a.example", "b.example"]
+    # Looking creates no scope and refreshes none (the eviction order).
+    assert scopes.get("c.example") is None
+    assert scopes["a.example"].manager is throttler._scope_managers["a.example"]
+    assert list(throttler._scope_managers) == ["a.example", "b.example"]
+    with pytest.raises(TypeError):
+        scopes["c.example"] = scopes["a.example"]  # type: ignore[index]
+    # Live: a scope used later moves to the end, a new one appears.
+    throttler.get_scope_state("a.example")
+    throttler.get_scope_state("c.example")
+    assert list(scopes) == ["b.example", "a.example", "c.example"]

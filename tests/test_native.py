@@ -216,3 +216,23 @@ async def test_the_plugins_queue_chosen_explicitly_works_with_scrapys_manager(
     assert result["throttler_class"] == "tests.native_scrapy.ThrottlingManager"
     assert hosts.stats("A")["max_concurrency"] == 4
     assert hosts.stats("B")["max_concurrency"] <= 4
+
+
+@ON_BOTH_REACTORS
+@deferred_f_from_coro_f
+async def test_the_diagnostics_read_the_scopes_of_scrapys_own_manager(
+    simhosts, reactor
+):
+    # The add-on's diagnostics run inside Scrapy's manager too: they read its
+    # scope managers (LatencyScopeManager, the add-on's) through adapters.
+    hosts, result = _native_crawl(reactor, simhosts, {"ADDONS": ADDON}, depth=2)
+    stats = result["stats"]
+    assert stats["throttling/live/scopes"] == 2
+    assert stats["throttling/live/in_flight"] == 0
+    assert stats["throttling/latency/scope_count"] == 2
+    for name in "AB":
+        scope = hosts.netloc(name)
+        limit = stats[f"throttling/scopes/{scope}/limit"]
+        assert limit == result["scope_managers"][scope]["limit"]
+        assert 1 <= limit <= 16
+        assert stats[f"throttling/scopes/{scope}/response_count"] > 0

@@ -159,3 +159,44 @@ async def test_the_progress_line_can_be_switched_off(
     ]
     # The gauges are still set.
     assert result["stats"]["throttling/live/scopes"] == 1
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_only_scopes_with_queued_requests_count_as_holding_back(
+    simhosts: Any, caplog: pytest.LogCaptureFixture, reactor: str
+) -> None:
+    # S has its children queued behind a limit of 1; B's one slow request is
+    # in flight at its limit of 1 with nothing queued behind it. Only S holds
+    # requests back: a scope at its limit with an empty queue holds nothing.
+    hosts = simhosts(SLOW, {"name": "B", "kind": "unlimited", "service_time": 1.5})
+    settings = crawl_settings(
+        LOGSTATS_INTERVAL=0.25,
+        LOG_LEVEL="INFO",  # the progress lines, in the EPoll crawl's log
+        CONCURRENT_REQUESTS_PER_DOMAIN=1,
+        THROTTLING_SCOPE_MANAGER="scrapy_adaptive_throttle.ThrottlingScopeManager",
+    )
+    with caplog.at_level(logging.INFO, logger="scrapy_adaptive_throttle"):
+        result = await crawl_follow(
+            reactor,
+            settings,
+            [hosts.url("S"), hosts.url("B")],
+            depth=2,
+            fanout=8,
+            child_hosts=[hosts.url("S")],
+        )
+    assert result["lost"] == []
+    assert result["failures"] == []
+    log = result.get("log") or "\n".join(r.getMessage() for r in caplog.records)
+    progress = [line for line in log.splitlines() if "Throttling: 2 scope(s)" in line]
+    busy = hosts.netloc("B")
+    # The lines written while B's request was in flight (it is the busiest).
+    b_in_flight = [line for line in progress if f"{busy} (1/1 in flight" in line]
+    assert b_in_flight, progress
+    assert any(
+        "1 holding requests back (concurrency=1)" in line for line in b_in_flight
+    ), b_in_flight
+    assert not [line for line in progress if "concurrency=2" in line], progress
+    # Limits held at the server.
+    assert hosts.stats("S")["max_concurrency"] == 1
+    assert hosts.stats("B")["max_concurrency"] == 1

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from scrapy import Request
+from scrapy.pqueues import ScrapyPriorityQueue
 from scrapy.squeues import FifoMemoryQueue
 from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import ThrottlingAwarePriorityQueue
 from scrapy_adaptive_throttle._crawler_throttler import get_throttler
+from scrapy_adaptive_throttle._queue_schedule import pending_scopes
 from tests.fake_clock import FakeClock
 
 
@@ -117,3 +119,29 @@ def test_queues_are_keyed_by_scope_set() -> None:
     assert ["a.example"] not in queue
     state = queue.close()
     assert set(state) == {'["custom"]', '["x", "y"]'}
+
+
+def test_pending_scopes_are_the_scopes_of_queued_requests() -> None:
+    queue, throttler, _ = make_queue(
+        THROTTLING_SCOPES={"a.example": {"concurrency": 1}}
+    )
+    assert pending_scopes(queue) == set()
+    queue.push(req("http://a.example/1"))
+    queue.push(req("http://a.example/2"))
+    queue.push(req("http://b.example/1", meta={"throttling_scopes": ["x", "y"]}))
+    assert pending_scopes(queue) == {"a.example", "x", "y"}
+    # a.example/2 waits for the slot of a.example/1; the x+y queue is empty.
+    popped = drain(queue)
+    assert [r.url for r in popped] == ["http://a.example/1", "http://b.example/1"]
+    assert pending_scopes(queue) == {"a.example"}
+    throttler.release(popped[0])
+    drain(queue)
+    assert pending_scopes(queue) == set()
+
+
+def test_another_queue_does_not_say_which_scopes_are_pending() -> None:
+    crawler = get_crawler(settings_dict={})
+    scrapy_queue = ScrapyPriorityQueue.from_crawler(crawler, FifoMemoryQueue, "")
+    scrapy_queue.push(req("http://a.example/1"))
+    assert pending_scopes(scrapy_queue) is None
+    assert pending_scopes(None) is None

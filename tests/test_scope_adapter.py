@@ -98,3 +98,51 @@ def test_the_built_in_scope_manager_is_called_with_every_keyword():
     # Capped, as a server-given delay is.
     assert adapter.record_backoff(40.0, 0.0) is True
     assert adapter.backoff_wait(0.0) == pytest.approx(20.0)
+
+
+# -- the read-only accessors diagnostics and explain use ------------------------
+
+
+def test_a_custom_scope_manager_reads_as_its_protocol_says():
+    manager = RequiredOnly()
+    adapter = ScopeAdapter("a.example", manager)
+    assert adapter.scope is None
+    assert adapter.scope_state(1.0) is None
+    assert adapter.reports_state is False
+    assert adapter.limit is None
+    assert adapter.in_flight == 0
+    adapter.record_sent(1.0, None)
+    adapter.record_sent(1.0, None)
+    assert adapter.in_flight == 2
+    manager.concurrency = 3
+    assert adapter.limit == 3
+
+
+def test_a_custom_scope_with_a_state_of_its_own_reports_it():
+    class WithState(RequiredOnly):
+        def get_state(self, now=None):
+            return {"scope": "a.example", "in_flight": self.active, "now": now}
+
+    adapter = ScopeAdapter("a.example", WithState())
+    assert adapter.reports_state is True
+    assert adapter.scope_state(2.0) is None  # not built on a scope object
+    assert adapter.get_state(2.0) == {"scope": "a.example", "in_flight": 0, "now": 2.0}
+
+
+def test_the_built_in_scope_manager_reads_as_its_typed_state():
+    crawler = get_crawler(settings_dict={"DOWNLOAD_DELAY_JITTER": 0})
+    config = {"id": "a.example", "concurrency": 2, "delay": 1.5}
+    manager = ThrottlingScopeManager.from_crawler(crawler, config)
+    adapter = ScopeAdapter("a.example", manager)
+    assert adapter.scope is manager.scope
+    assert adapter.reports_state is True
+    adapter.record_sent(10.0, None)
+    state = adapter.scope_state(10.0)
+    assert state is not None
+    assert (state.in_flight, state.limit, state.delay) == (1, 2, 1.5)
+    assert (adapter.in_flight, adapter.limit) == (1, 2)
+    assert adapter.get_state(10.0) == state.as_dict()
+    adapter.record_sent(10.0, None)
+    assert adapter.concurrency_blocked() is True
+    adapter.record_done(11.0)
+    assert adapter.in_flight == 1

@@ -18,6 +18,7 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import UsageError
 from scrapy.statscollectors import DummyStatsCollector
 from scrapy.utils.misc import build_from_crawler
+from twisted.internet.defer import Deferred
 
 from .._scopes import iter_scope_values
 from .._settings import ThrottlingSettings
@@ -76,7 +77,7 @@ class Command(ScrapyCommand):
                 self.exitcode = 1
                 continue
             resolved = throttler.resolve_scopes_now(request)
-            if hasattr(resolved, "addCallback"):
+            if isinstance(resolved, Deferred):
                 print(
                     f"  scopes: resolved asynchronously by "
                     f"{type(throttler).__name__}.get_scopes(); not shown"
