@@ -30,7 +30,22 @@ from tests.spiders import PagesSpider, run_crawl
 pytestmark = pytest.mark.usefixtures("spider_modes")
 
 ADDON = {"scrapy_adaptive_throttle.Addon": 500}
-LARGE = {"name": "A", "kind": "queue", "workers": 8, "service_time": 0.04}
+#: Host A's queue is deeper than the simulated hosts' default of 16: slow
+#: start may overshoot its 8 workers to 25 in flight before the first queued
+#: answers come back (Scrapy's clock reads them at 1.5-1.8x the service
+#: time, inside the threshold of a baseline taken from slow start's own
+#: first answers), which a 16-deep queue answers with a 503. Measured on a
+#: 2-core machine at load 1: 5 runs in 14 with 1-5 503s, and 2 in 8 on the
+#: code before the restructuring of issue 10; a known gap of slow start
+#: (see the closing note of issue 9). This test is about the limits the two
+#: hosts settle at; host A's peak is bounded below.
+LARGE = {
+    "name": "A",
+    "kind": "queue",
+    "workers": 8,
+    "service_time": 0.04,
+    "queue_size": 40,
+}
 SMALL = {"name": "B", "kind": "queue", "workers": 2, "service_time": 0.1}
 
 
@@ -102,6 +117,8 @@ async def test_two_hosts_settle_at_different_limits(
     # and was never pushed near its 16-request queue: slow start's last
     # doubling may overshoot its 2 workers (10 on a loaded machine), no more.
     assert hosts.stats("B")["max_concurrency"] <= 12
+    # Host A: slow start's overshoot stays within the scope's ceiling of 32.
+    assert hosts.stats("A")["max_concurrency"] <= 32
     stats = crawler.stats.get_stats()
     # Plus, in the followed mode, the index page's scope.
     assert stats["throttling/latency/scope_count"] == (
