@@ -130,9 +130,12 @@ async def test_download_delay_setting_is_the_default_scope_delay(simhosts):
     assert crawler.spider.unanswered() == []
     spacing = gaps(arrivals(hosts.stats("A")))
     # Seen at the server, one gap may look a little short (the time from
-    # send to arrival varies on a loaded machine); the mean cannot.
+    # send to arrival varies on a loaded machine). Their sum is the time from
+    # the first arrival to the last, short of the sends' spacing by at most
+    # the first request's extra transit time: the same 0.02 s, not 0.02 s a
+    # gap (a load of 6 on 2 cores gave a mean of 0.2977 s, a sum 0.011 s short).
     assert min(spacing) >= 0.3 - 0.02
-    assert sum(spacing) / len(spacing) >= 0.3 - 0.002
+    assert sum(spacing) >= 0.3 * len(spacing) - 0.02
     # A request that becomes sendable is sent soon after, not at the
     # engine's 5-second heartbeat (0.1 s late on a quiet machine; the bound
     # leaves room for a loaded one).

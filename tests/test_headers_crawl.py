@@ -71,7 +71,10 @@ async def test_a_server_given_delay_holds_the_scope(simhosts, status, headers):
     hosts = simhosts({"name": "A", "kind": "unlimited"})
     crawler, spacing = await crawl_one_then_pages(hosts, status, headers)
     assert spacing[0] >= 0.57
-    assert spacing[1] < 0.3  # a hold, not a grown delay
+    # A hold, not a grown delay: a delay grown from the header would space
+    # the next send by about 0.6 s again; after a hold it follows the answer
+    # (0.34 s was seen at a load of 6 on 2 cores, so the bound is midway).
+    assert spacing[1] < 0.45
     assert crawler.stats.get_value("throttling/backoff/server_delay_count") == 1
 
 
