@@ -4,10 +4,11 @@
 that :class:`~scrapy_adaptive_throttle.ThrottlingManager` exposes once, as
 its ``queue_gate`` attribute: the queue and the downloader talk to it, not
 to the manager's whole surface. Checks, reservations and listeners go
-straight to the :class:`~scrapy_adaptive_throttle._scope_gate.ScopeGate`
-(no extra call on the hot path); what a subclass of the manager may
-override (scope resolution, ``release``, the per-request delay, the slot
-key) goes through the manager.
+straight to the :class:`~scrapy_adaptive_throttle._scope_gate.ScopeGate`;
+what a subclass of the manager may override (scope resolution, ``release``,
+the per-request delay, the slot key) is the manager's bound method, looked
+up once when the gate is built: the subclass's override, with no frame of
+the gate in between on the hot path (one call per request each).
 """
 
 from __future__ import annotations
@@ -47,6 +48,21 @@ class ManagerGate:
         self._manager = manager
         self._gate = gate
         self._registry = registry
+        # Bound once: a subclass's override is what gets bound, and the queue
+        # and the downloader call it directly (instance attributes, not
+        # methods of this class that would call it, one frame more each).
+        self.resolve_scopes_now: Callable[
+            [Request], RequestScopes | Deferred[RequestScopes]
+        ] = manager.resolve_scopes_now
+        self.release: Callable[[Request], None] = manager.release
+        self.get_request_delay: Callable[..., float] = manager.get_request_delay
+        self.get_slot_key: Callable[[Request], str] = manager.get_slot_key
+        self.check_scopes: Callable[..., tuple[float, ScopeID | None]] = (
+            gate.check_scopes
+        )
+        self.reserve_scopes: Callable[[Request, ScopeValues, float], None] = (
+            gate.reserve_scopes
+        )
         #: The quota of each configured quota scope.
         self.quotas: Mapping[ScopeID, float] = {
             scope_id: scope.quota
@@ -63,36 +79,6 @@ class ManagerGate:
     def wall_clock(self) -> Callable[[], float]:
         """The manager's wall clock."""
         return self._manager.wall_clock
-
-    def resolve_scopes_now(
-        self, request: Request
-    ) -> RequestScopes | Deferred[RequestScopes]:
-        """See :meth:`ThrottlingManager.resolve_scopes_now`."""
-        return self._manager.resolve_scopes_now(request)
-
-    def check_scopes(
-        self, scope_values: ScopeValues, now: float, head: Request | None = None
-    ) -> tuple[float, ScopeID | None]:
-        """``(wait, blocked)`` of *scope_values* (*head* is not needed)."""
-        return self._gate.check_scopes(scope_values, now)
-
-    def reserve_scopes(
-        self, request: Request, scope_values: ScopeValues, now: float
-    ) -> None:
-        """Record *request* as sent on its scopes, all or nothing."""
-        self._gate.reserve_scopes(request, scope_values, now)
-
-    def release(self, request: Request) -> None:
-        """Free the slots of *request* (through the manager's ``release``)."""
-        self._manager.release(request)
-
-    def get_request_delay(self, request: Request, now: float | None = None) -> float:
-        """Remaining ``throttling_delay`` of *request*."""
-        return self._manager.get_request_delay(request)
-
-    def get_slot_key(self, request: Request) -> str:
-        """The downloader's slot key of *request*."""
-        return self._manager.get_slot_key(request)
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
         """Whether *scope_id* has room for one more request now."""

@@ -82,10 +82,12 @@ class ScopeGate:
     # -- checks and reservations ----------------------------------------------
 
     def check_scopes(
-        self, scope_values: ScopeValues, now: float
+        self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
         """``(wait, blocked)``: the time until every time gate is open, and
-        the first scope at its concurrency limit (or ``None``)."""
+        the first scope at its concurrency limit (or ``None``). *head*, the
+        request the scheduler queue passes, is not needed: the scopes say it
+        all."""
         wait = 0.0
         blocked: ScopeID | None = None
         get = self.registry.get
