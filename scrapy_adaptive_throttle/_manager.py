@@ -122,7 +122,11 @@ class ThrottlingManager:
         self._resolver = ScopeResolver(self.config)
         self._crawl_delays = CrawlDelays(self.config, crawler.stats)
         self._registry = ScopeRegistry(
-            crawler, self.config, clock, self._crawl_delays.reapply
+            crawler,
+            self.config,
+            clock,
+            self._crawl_delays.reapply,
+            self.notify_slots_changed,
         )
         self._gate = ScopeGate(crawler, self.config, self._registry, clock, self.shared)
         self._backoff = BackoffTriggers(

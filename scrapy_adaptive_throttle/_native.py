@@ -32,9 +32,10 @@ from ._meta_keys import (
     DOWNLOAD_LATENCY_META_KEY,
     RESOLVED_SCOPES_META_KEY,
 )
-from ._types import ScopeID, iter_scopes
+from ._types import RequestScopes, ScopeID, iter_scopes
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import ModuleType
 
     from scrapy import Request
@@ -113,6 +114,8 @@ class LatencySampleMiddleware:
             crawler, weakref.WeakValueDictionary()
         )
         self._enabled: bool | None = None
+        #: The ``get_scopes`` of Scrapy's manager, looked up with it.
+        self._get_scopes: Callable[[Request], Awaitable[RequestScopes]] | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -123,8 +126,14 @@ class LatencySampleMiddleware:
             from ._crawler_throttler import current_throttler
             from ._manager import ThrottlingManager
 
+            # Scrapy builds both this middleware and its own manager, so
+            # nothing can hand the manager to us: look it up, once, at the
+            # first response (the manager exists by then).
             throttler = current_throttler(self.crawler)
+            if throttler is None:
+                return True  # not built yet: look again at the next response
             self._enabled = not isinstance(throttler, ThrottlingManager)
+            self._get_scopes = throttler.get_scopes
         return self._enabled
 
     def process_request(self, request: Request) -> None:
@@ -142,8 +151,10 @@ class LatencySampleMiddleware:
             return response
         scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)
         if scopes is None:
+            if self._get_scopes is None:
+                return response
             try:
-                scopes = await self.crawler.throttler.get_scopes(request)  # type: ignore[attr-defined]
+                scopes = await self._get_scopes(request)
             except Exception:
                 # Scrapy's manager reports its own errors when it gates the
                 # request; a sample is not worth a second report.

@@ -41,6 +41,9 @@ class ScopeRegistry:
 
     :param on_create: called with each new adapter, after it is registered
         (the manager applies a remembered robots.txt Crawl-delay there).
+    :param on_slots_changed: called with a scope id for each slot that a
+        raised limit of a built-in scope manager adds (the manager's
+        ``notify_slots_changed``, which wakes the scheduler queue).
     """
 
     def __init__(
@@ -49,11 +52,13 @@ class ScopeRegistry:
         config: ThrottlingSettings,
         clock: Callable[[], float],
         on_create: Callable[[ScopeAdapter], None],
+        on_slots_changed: Callable[[ScopeID], None],
     ) -> None:
         self.crawler = crawler
         self.config = config
         self.clock = clock
         self._on_create = on_create
+        self._on_slots_changed = on_slots_changed
         self.adapters: OrderedDict[ScopeID, ScopeAdapter] = OrderedDict()
         #: THROTTLING_SCOPES keys that got a scope manager, i.e. matched a
         #: scope of some request.
@@ -80,12 +85,12 @@ class ScopeRegistry:
 
     def _create(self, scope_id: ScopeID) -> ScopeAdapter:
         scope_config = self.config.scope(scope_id)
+        from ._scope_manager import ThrottlingScopeManager
+
         cls = scope_config.manager or self.config.scope_manager_cls
         if scope_config.kind == "slot" and scope_config.manager is None:
             # Another plugin's slot with no entry of its own: it limits
             # nothing (the host scope does), so there is nothing to adapt.
-            from ._scope_manager import ThrottlingScopeManager
-
             cls = ThrottlingScopeManager
         config = dict(scope_config.raw)
         config["id"] = scope_id
@@ -96,6 +101,8 @@ class ScopeRegistry:
                 manager = cls(self.crawler, config)
         except Exception as exc:
             raise ScopeManagerError(scope_id, cls, "from_crawler", exc) from exc
+        if isinstance(manager, ThrottlingScopeManager):
+            manager.slots_listener = self._on_slots_changed
         adapter = ScopeAdapter(scope_id, cast(ThrottlingScopeManagerProtocol, manager))
         self.adapters[scope_id] = adapter
         if scope_id in self.config.scopes:
