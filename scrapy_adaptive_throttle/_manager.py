@@ -12,7 +12,6 @@ scope managers (``_scope_registry.py``, through the adapter of
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from ._algorithms.response_policy import (
     response_delay,
 )
 from ._backoff_triggers import BackoffTriggers
+from ._clock import MONOTONIC_CLOCK, WALL_CLOCK
 from ._containment import validate_scopes
 from ._decisions import responding
 from ._manager_gate import ManagerGate
@@ -111,8 +111,8 @@ class ThrottlingManager:
         self,
         crawler: Crawler,
         *,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = MONOTONIC_CLOCK,
+        wall_clock: Callable[[], float] = WALL_CLOCK,
     ) -> None:
         self.crawler = crawler
         self.config: ThrottlingSettings = ThrottlingSettings.from_crawler(crawler)

@@ -24,9 +24,9 @@ from __future__ import annotations
 import importlib
 import logging
 import weakref
-from time import monotonic
 from typing import TYPE_CHECKING, Any
 
+from ._clock import MONOTONIC_CLOCK
 from ._meta_keys import (
     DONT_TRACK_META_KEY,
     DOWNLOAD_LATENCY_META_KEY,
@@ -114,6 +114,8 @@ class LatencySampleMiddleware:
             crawler, weakref.WeakValueDictionary()
         )
         self._enabled: bool | None = None
+        #: The clock of the samples' times (the scope managers' default one).
+        self.clock: Callable[[], float] = MONOTONIC_CLOCK
         #: The ``get_scopes`` of Scrapy's manager, looked up with it.
         self._get_scopes: Callable[[Request], Awaitable[RequestScopes]] | None = None
 
@@ -159,7 +161,7 @@ class LatencySampleMiddleware:
                 # Scrapy's manager reports its own errors when it gates the
                 # request; a sample is not worth a second report.
                 return response
-        now = monotonic()
+        now = self.clock()
         for scope_id in iter_scopes(scopes):
             manager = self._scopes.get(scope_id)
             if manager is None:

@@ -20,12 +20,12 @@ looks for optional methods of a custom manager.
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ._clock import MONOTONIC_CLOCK, WALL_CLOCK
 from ._containment import validate_scopes
 from ._types import RESOLVED_SCOPES_META_KEY, RequestScopes, ScopeID
 
@@ -195,8 +195,8 @@ class ProtocolManagerGate:
         self.releases_seen = False
         self.quotas: Mapping[ScopeID, float] = {}
         # The protocol has no clock: the defaults of the plugin's manager.
-        self.clock: Callable[[], float] = time.monotonic
-        self.wall_clock: Callable[[], float] = time.time
+        self.clock: Callable[[], float] = MONOTONIC_CLOCK
+        self.wall_clock: Callable[[], float] = WALL_CLOCK
         self._release = throttler.release
         # Optional: the queue's checks, the per-request delay, the slot key
         # and the scope load (which picks the scope to wait on); a manager

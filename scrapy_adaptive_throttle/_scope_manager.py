@@ -15,13 +15,13 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
-from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
 from ._algorithms import RampupPolicy, RampupState
 from ._algorithms.concurrency import ConcurrencyLimit, FixedLimit, RampupLimit
+from ._clock import MONOTONIC_CLOCK
 from ._scope import Scope
 from ._scope_state import LocalScopeStore, ScopeStore
 from ._settings import ScopeSettings, ThrottlingSettings
@@ -58,7 +58,7 @@ class ThrottlingScopeManager:
         self._debug = throttling.debug
         self._stats = crawler.stats
         #: The clock of times not given by the caller (the throttler's).
-        self.clock: Callable[[], float] = monotonic
+        self.clock: Callable[[], float] = MONOTONIC_CLOCK
         #: Called with the scope id for each slot a raised limit adds, so that
         #: the scheduler queue hears of it: set by the registry that builds
         #: this scope manager (``None``, e.g. under Scrapy's own manager: only
