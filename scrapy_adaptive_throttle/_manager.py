@@ -3,21 +3,21 @@
 A thin facade, reachable as ``crawler.throttler``, over the objects that own
 the state: the scope resolver (``_scope_resolver.py``), the registry of
 scope managers (``_scope_registry.py``, through the adapter of
-``_scope_adapter.py``), the gate (``_scope_gate.py``), the backoff triggers
-(``_backoff_triggers.py``), the robots.txt Crawl-delays
-(``_robots_crawl_delay.py``) and the pure response policy
-(``_algorithms/response_policy.py``). See :doc:`/architecture`.
+``_scope_adapter.py``), the gate (``_scope_gate.py``, and the manager's
+``queue_gate`` of ``_manager_gate.py``), what a download's outcome changes
+(``_download_outcomes.py`` over ``_backoff_triggers.py``), the robots.txt
+Crawl-delays (``_robots_crawl_delay.py``) and the pure response policy
+(``_algorithms/response_policy.py``). Its methods are the ones to override
+and the protocol's. See :doc:`/architecture`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
-from scrapy.utils.python import global_object_name
 from twisted.internet.defer import Deferred
 
 from ._algorithms.response_policy import (
@@ -27,8 +27,7 @@ from ._algorithms.response_policy import (
 )
 from ._backoff_triggers import BackoffTriggers
 from ._clock import MONOTONIC_CLOCK, WALL_CLOCK
-from ._containment import validate_scopes
-from ._decisions import responding
+from ._download_outcomes import DownloadOutcomes
 from ._manager_gate import ManagerGate
 from ._meta_keys import (
     DELAY_DEADLINE_META_KEY,
@@ -43,19 +42,16 @@ from ._scope_resolver import (
     ScopeResolver,
     is_robots_request,
     request_netloc,
-    resolve_without_waiting,
-    sent_scope_values,
-    slot_key,
+    request_slot_key,
+    resolve_scopes_now,
 )
 from ._settings import ThrottlingSettings
 from ._shared_state import SharedState
 from ._types import (
-    RESOLVED_SCOPES_META_KEY,
     BackoffData,
     RequestScopes,
     ScopeID,
     ThrottlingScopeManagerProtocol,
-    dont_track,
     scope_cache,
 )
 
@@ -82,13 +78,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: The request whose response :meth:`ThrottlingManager.process_response` is
-#: handling, for responses that an overridden ``get_response_backoff`` builds
-#: without one (the reference chapter's "X-Upstream-Status-Code" example).
-_RESPONSE_REQUEST: ContextVar[Request | None] = ContextVar(
-    "_RESPONSE_REQUEST", default=None
-)
 
 
 class ThrottlingManager:
@@ -132,6 +121,7 @@ class ThrottlingManager:
         self._backoff = BackoffTriggers(
             crawler, self.config, self._registry, self.shared
         )
+        self._outcomes = DownloadOutcomes(self, self._backoff, self._gate)
         self._request_delay = RequestDelay(
             wall_clock, crawler.stats, debug=self.config.debug
         )
@@ -142,12 +132,8 @@ class ThrottlingManager:
         #: release and its listeners): see ``_manager_gate.py``.
         self.queue_gate = ManagerGate(self, self._gate, self._registry, self.config)
         if self.config.robotstxt_obey:
-            crawler.signals.connect(
-                self._on_robots_parsed, signal=signals.robots_parsed
-            )
-        if self.config.scopes_set:
-            crawler.signals.connect(
-                self._registry.warn_unmatched, signal=signals.spider_closed
+            self._crawl_delays.listen(
+                crawler, self.get_crawl_delay_scope, self.apply_robots_crawl_delay
             )
         if self.shared is not None:
             crawler.signals.connect(self.shared.close, signal=signals.spider_closed)
@@ -204,23 +190,16 @@ class ThrottlingManager:
         awaits something (e.g. a DNS lookup); used by the scheduler queue,
         whose ``push`` is synchronous.
         """
-        if self._sync_get_scopes:
-            scopes = validate_scopes(self.get_request_scopes(request), request)
-            request.meta[RESOLVED_SCOPES_META_KEY] = scopes
-            return scopes
-        return resolve_without_waiting(self.get_scopes, request)
-
-    def _sent_scope_values(self, request: Request) -> ScopeValues:
-        return sent_scope_values(
-            request, self._gate.reserved.get(request), self.get_request_scopes
+        return resolve_scopes_now(
+            request,
+            self.get_request_scopes,
+            self.get_scopes,
+            synchronous=self._sync_get_scopes,
         )
 
     def get_slot_key(self, request: Request) -> str:
         """The scopes of *request* as one string (sorted ids joined by ``+``)."""
-        scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)
-        if scopes is None:
-            scopes = self.get_request_scopes(request)
-        return slot_key(scopes)
+        return request_slot_key(request, self.get_request_scopes)
 
     def get_scope_manager(self, scope_id: ScopeID) -> ThrottlingScopeManagerProtocol:
         """Return the scope manager of *scope_id*, creating it if needed."""
@@ -233,19 +212,9 @@ class ThrottlingManager:
         self.queue_gate.add_release_listener(listener)
 
     def refund_cached(self, request: Request) -> None:
-        """*request* was answered from Scrapy's HTTP cache: give its send back.
-
-        It never reached the host, so it does not space the next request of
-        its scopes (delay and jitter) nor use their quota: a crawl served
-        from the cache runs as fast as with Scrapy's own downloader, which
-        applies ``DOWNLOAD_DELAY`` only to requests it downloads. Its slots
-        are freed by :meth:`release`, as for every request. Scope managers
-        other than :class:`~scrapy_adaptive_throttle.ThrottlingScopeManager`
-        (and its subclasses) keep what they recorded.
-        """
-        if not self._gate.reserved.get(request):
-            return
-        self._gate.refund(request, dict(self._sent_scope_values(request)))
+        """*request* was answered from Scrapy's HTTP cache: give its send back
+        (see ``ManagerGate.refund_cached``); :meth:`release` frees its slots."""
+        self.queue_gate.refund_cached(request)
 
     def check_scopes(
         self, scope_values: ScopeValues, now: float, head: Request | None = None
@@ -263,22 +232,15 @@ class ThrottlingManager:
 
     def is_ready(self, request: Request) -> bool:
         """Whether *request* could be sent right now."""
-        if self.get_request_delay(request) > 0:
-            return False
-        wait, blocked = self.check_scopes(
-            self._sent_scope_values(request), self._clock()
-        )
-        return wait <= 0 and blocked is None
+        return self.queue_gate.is_ready(request)
 
     def reserve(self, request: Request) -> None:
         """Record *request* as sent; a later :meth:`acquire` returns at once."""
-        self.reserve_scopes(request, self._sent_scope_values(request), self._clock())
+        self.queue_gate.reserve(request)
 
     def get_time_until_ready(self, request: Request) -> float | None:
         """Seconds until every time gate of *request* opens; ``None`` if open."""
-        wait, _ = self.check_scopes(self._sent_scope_values(request), self._clock())
-        wait = max(wait, self.get_request_delay(request))
-        return wait or None
+        return self.queue_gate.time_until_ready(request)
 
     def get_scope_load(self, scope_id: ScopeID) -> float:
         """Active requests of the scope divided by its concurrency limit."""
@@ -366,16 +328,7 @@ class ThrottlingManager:
         another status, passed to ``super()``) counts for the request being
         processed.
         """
-        request = response.request
-        if request is None:
-            request = _RESPONSE_REQUEST.get()
-        return self._backoff.of_response(
-            response,
-            request,
-            self._sent_scope_values,
-            lambda: self.get_response_delay(response),
-            lambda: self.get_exhausted_quota_delay(response),
-        )
+        return self._outcomes.response_backoff(response)
 
     async def get_exception_backoff(
         self, request: Request, exception: BaseException
@@ -384,37 +337,20 @@ class ThrottlingManager:
         of *request* whose backoff exceptions (:setting:`BACKOFF_EXCEPTIONS`
         or their ``"backoff"`` ``"exceptions"``) include its type, as bare
         scopes; ``None`` for :reqmeta:`throttling_dont_track` requests."""
-        if dont_track(request.meta):
-            return None
-        return self._backoff.of_exception(self._sent_scope_values(request), exception)
+        return self._outcomes.exception_backoff(request, exception)
 
     async def process_response(self, response: Response) -> None:
         """Update throttling state from a downloaded (non-cached) response.
 
         Called for every attempt, before RetryMiddleware decides to retry it.
         """
-        request, status, now = response.request, response.status, self._clock()
-        backoff = await _response_backoff(self, response)
-        if backoff is not None:
-            with responding(response):  # names the header of a hold in the log
-                self.apply_backoff(backoff, now=now, cause=f"status/{status}")
-            if status == 429:
-                self._backoff.record_rate_limited(
-                    backoff, now, self._gate.sent_at(request)
-                )
-        self._gate.record_response(request, status, now)
+        await self._outcomes.process_response(response)
 
     async def process_exception(
         self, request: Request, exception: BaseException
     ) -> None:
         """Update throttling state from a download exception."""
-        backoff = await self.get_exception_backoff(request, exception)
-        if backoff is not None:
-            self.apply_backoff(
-                backoff,
-                now=self._clock(),
-                cause=f"exception/{global_object_name(type(exception))}",
-            )
+        await self._outcomes.process_exception(request, exception)
 
     def apply_backoff(
         self, backoff: BackoffData, *, now: float | None = None, cause: str = "other"
@@ -465,12 +401,6 @@ class ThrottlingManager:
 
     # -- robots.txt ---------------------------------------------------------------
 
-    def _on_robots_parsed(self, robotparser: Any, request: Request) -> None:
-        seconds = self._crawl_delays.read(robotparser)
-        if seconds is not None:
-            scope_id = self.get_crawl_delay_scope(request)
-            self.apply_robots_crawl_delay(scope_id, seconds)
-
     def get_crawl_delay_scope(self, request: Request) -> ScopeID:
         """Return the scope that the robots.txt Crawl-delay of *request*'s
         host applies to: the host's default scope, ``host[:port]``.
@@ -515,15 +445,3 @@ class ThrottlingManager:
         a read-only, live view (reading it creates and refreshes no scope)
         through which diagnostics, explain and stats read scope state."""
         return self._registry.live
-
-
-async def _response_backoff(
-    manager: ThrottlingManager, response: Response
-) -> BackoffData:
-    """``manager.get_response_backoff(response)``, with the request being
-    processed known to a response that an override builds without one."""
-    token = _RESPONSE_REQUEST.set(response.request)
-    try:
-        return await manager.get_response_backoff(response)
-    finally:
-        _RESPONSE_REQUEST.reset(token)

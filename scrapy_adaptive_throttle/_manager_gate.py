@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from ._scope_resolver import sent_scope_values
+
 if TYPE_CHECKING:
     from scrapy import Request
     from twisted.internet.defer import Deferred
@@ -63,6 +65,9 @@ class ManagerGate:
         self.reserve_scopes: Callable[[Request, ScopeValues, float], None] = (
             gate.reserve_scopes
         )
+        self._request_scopes: Callable[[Request], RequestScopes] = (
+            manager.get_request_scopes
+        )
         #: The quota of each configured quota scope.
         self.quotas: Mapping[ScopeID, float] = {
             scope_id: scope.quota
@@ -79,6 +84,54 @@ class ManagerGate:
     def wall_clock(self) -> Callable[[], float]:
         """The manager's wall clock."""
         return self._manager.wall_clock
+
+    # -- by request: the protocol's checks, for the manager's methods ---------
+
+    def sent_scope_values(self, request: Request) -> ScopeValues:
+        """The ``(scope, quota amount)`` pairs *request* was (or will be)
+        sent under (see ``sent_scope_values`` of ``_scope_resolver.py``)."""
+        return sent_scope_values(
+            request, self._gate.reserved.get(request), self._request_scopes
+        )
+
+    def is_ready(self, request: Request) -> bool:
+        """Whether *request* could be sent right now (its delay and every
+        gate of its scopes)."""
+        if self.get_request_delay(request) > 0:
+            return False
+        wait, blocked = self.check_scopes(
+            self.sent_scope_values(request), self._gate.clock()
+        )
+        return wait <= 0 and blocked is None
+
+    def time_until_ready(self, request: Request) -> float | None:
+        """Seconds until *request*'s delay and every time gate of its scopes
+        open; ``None`` if they are open."""
+        wait, _ = self.check_scopes(self.sent_scope_values(request), self._gate.clock())
+        wait = max(wait, self.get_request_delay(request))
+        return wait or None
+
+    def reserve(self, request: Request) -> None:
+        """Record *request* as sent on its scopes, now."""
+        self.reserve_scopes(
+            request, self.sent_scope_values(request), self._gate.clock()
+        )
+
+    def refund_cached(self, request: Request) -> None:
+        """Give back the send of *request*, answered from Scrapy's HTTP cache.
+
+        It never reached the host, so it does not space the next request of
+        its scopes (delay and jitter) nor use their quota: a crawl served
+        from the cache runs as fast as with Scrapy's own downloader, which
+        applies ``DOWNLOAD_DELAY`` only to requests it downloads. Its slots
+        are freed by the release, as for every request. Scope managers other
+        than the built-in ones keep what they recorded.
+        """
+        if not self._gate.reserved.get(request):
+            return
+        self._gate.refund(request, dict(self.sent_scope_values(request)))
+
+    # -- listeners and slots ------------------------------------------------------
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
         """Whether *scope_id* has room for one more request now."""

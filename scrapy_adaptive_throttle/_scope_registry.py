@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, KeysView, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, cast
 
+from scrapy import signals
+
 from ._containment import ScopeManagerError
 from ._scope_adapter import ScopeAdapter
 from ._types import ScopeID, ThrottlingScopeManagerProtocol
@@ -67,6 +69,8 @@ class ScopeRegistry:
         # half max-idle later: a scope configured before its first request
         # (e.g. with set_scope_delay) must not be dropped as never used.
         self._last_eviction: float | None = None
+        if config.scopes_set:
+            crawler.signals.connect(self.warn_unmatched, signal=signals.spider_closed)
 
     @property
     def live(self) -> Mapping[ScopeID, ScopeAdapter]:
