@@ -13,34 +13,20 @@ and the protocol's. See :doc:`/architecture`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from scrapy import signals
-from twisted.internet.defer import Deferred
-
-from ._algorithms.response_policy import (
-    MAX_REQUEST_DELAY,
-    exhausted_quota_delay,
-    response_delay,
-)
+from ._algorithms.response_policy import exhausted_quota_delay, response_delay
 from ._backoff_triggers import BackoffTriggers
 from ._clock import MONOTONIC_CLOCK, WALL_CLOCK
 from ._download_outcomes import DownloadOutcomes
 from ._manager_gate import ManagerGate
-from ._meta_keys import (
-    DELAY_DEADLINE_META_KEY,
-    DELAYED_META_KEY,
-    SLOT_STAMP_META_KEY,
-)
 from ._robots_crawl_delay import CrawlDelays
 from ._scope_gate import Reservation, ScopeGate, ScopeValues
 from ._scope_registry import ScopeManagers, ScopeRegistry
 from ._scope_resolver import (
     RequestDelay,
     ScopeResolver,
-    is_robots_request,
     request_netloc,
     request_slot_key,
     resolve_scopes_now,
@@ -61,23 +47,13 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
     from ._explain import Explanation
     from ._scope_adapter import ScopeAdapter
 
-__all__ = [
-    "DELAYED_META_KEY",
-    "DELAY_DEADLINE_META_KEY",
-    "MAX_REQUEST_DELAY",
-    "SLOT_STAMP_META_KEY",
-    "Reservation",
-    "ScopeValues",
-    "ThrottlingManager",
-    "is_robots_request",
-]
-
-logger = logging.getLogger(__name__)
+__all__ = ["ThrottlingManager"]
 
 
 class ThrottlingManager:
@@ -135,8 +111,6 @@ class ThrottlingManager:
             self._crawl_delays.listen(
                 crawler, self.get_crawl_delay_scope, self.apply_robots_crawl_delay
             )
-        if self.shared is not None:
-            crawler.signals.connect(self.shared.close, signal=signals.spider_closed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -184,12 +158,8 @@ class ThrottlingManager:
     def resolve_scopes_now(
         self, request: Request
     ) -> RequestScopes | Deferred[RequestScopes]:
-        """Resolve and persist the scopes of *request* without waiting.
-
-        Returns the scopes, or a Deferred when :meth:`get_scopes` really
-        awaits something (e.g. a DNS lookup); used by the scheduler queue,
-        whose ``push`` is synchronous.
-        """
+        """Resolve and persist the scopes of *request*, or a Deferred of them
+        when :meth:`get_scopes` really awaits (the queue's ``push`` cannot)."""
         return resolve_scopes_now(
             request,
             self.get_request_scopes,
@@ -219,15 +189,13 @@ class ThrottlingManager:
     def check_scopes(
         self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
-        """``(wait, blocked)``: the time until every time gate is open, and the
-        first scope at its concurrency limit (*head* is not needed here)."""
+        """``(wait, blocked)`` of *scope_values* (see ``ScopeGate.check_scopes``)."""
         return self._gate.check_scopes(scope_values, now)
 
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
     ) -> None:
-        """Record *request* as sent on each of its scopes, all or nothing (a
-        scope manager's error releases the scopes already recorded)."""
+        """Record *request* as sent on each of its scopes, all or nothing."""
         self._gate.reserve_scopes(request, scope_values, now)
 
     def is_ready(self, request: Request) -> bool:
@@ -247,21 +215,13 @@ class ThrottlingManager:
         return self._registry.get(scope_id).get_load()
 
     def get_request_delay(self, request: Request, now: float | None = None) -> float:
-        """Remaining ``throttling_delay`` of *request* (0.0 if none or elapsed).
-
-        The deadline is set the first time this is called for the request,
-        in wall-clock time so that it survives a paused and resumed crawl.
-        """
+        """Remaining ``throttling_delay`` of *request* (0.0 if none or elapsed);
+        its deadline, on :attr:`wall_clock`, is set by the first call."""
         return self._request_delay.remaining(request)
 
-    # -- the gate -------------------------------------------------------------
-
     async def acquire(self, request: Request) -> None:
-        """Wait until every scope of *request* allows it, then reserve it.
-
-        Requests reserved by the throttling-aware scheduler queue return at
-        once; robots.txt downloads are never held (see :func:`is_robots_request`).
-        """
+        """Wait until every scope of *request* allows it, then reserve it (at
+        once if the scheduler queue reserved it; robots.txt is never held)."""
         await self._gate.acquire(
             request, self.get_request_delay, self.get_scopes, self.release
         )
@@ -395,9 +355,7 @@ class ThrottlingManager:
 
     def iter_scope_states(self) -> Iterable[dict[str, Any]]:
         """Snapshots of every live scope."""
-        now = self._clock()
-        for adapter in list(self._registry.adapters.values()):
-            yield adapter.get_state(now)
+        return self._registry.states(self._clock())
 
     # -- robots.txt ---------------------------------------------------------------
 
@@ -440,8 +398,6 @@ class ThrottlingManager:
         return explain(self, request_or_scope)
 
     def scope_adapters(self) -> Mapping[ScopeID, ScopeAdapter]:
-        """The live scopes by scope id, least recently used first, each
-        behind its :class:`~scrapy_adaptive_throttle._scope_adapter.ScopeAdapter`:
-        a read-only, live view (reading it creates and refreshes no scope)
-        through which diagnostics, explain and stats read scope state."""
+        """The live scopes by id, least recently used first, each behind its
+        ``ScopeAdapter``: a read-only view that creates and refreshes none."""
         return self._registry.live

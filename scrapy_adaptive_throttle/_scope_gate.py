@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
+from scrapy import signals
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.asyncio import call_later, sleep
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -78,6 +79,8 @@ class ScopeGate:
         #: Requests waiting in :meth:`wait_and_reserve`.
         self.waiting = 0
         self._warned_waiting = False
+        if shared is not None:
+            crawler.signals.connect(shared.close, signal=signals.spider_closed)
 
     # -- checks and reservations ----------------------------------------------
 

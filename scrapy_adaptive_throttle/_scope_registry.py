@@ -16,7 +16,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, KeysView, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from scrapy import signals
 
@@ -150,6 +150,12 @@ class ScopeRegistry:
         ]
         for scope_id in idle:
             del self.adapters[scope_id]
+
+    def states(self, now: float) -> Iterator[dict[str, Any]]:
+        """The ``get_state`` snapshot of each live scope (from a copy of the
+        registry: reading a state may create or evict scopes)."""
+        for adapter in list(self.adapters.values()):
+            yield adapter.get_state(now)
 
     def warn_unmatched(self) -> None:
         """Warn about the :setting:`THROTTLING_SCOPES` keys that matched no
