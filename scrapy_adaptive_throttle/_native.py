@@ -71,6 +71,7 @@ def native_throttling() -> ModuleType | None:
         module = importlib.import_module(NATIVE_MODULE)
     except ImportError:
         return None
+    # Scrapy's module, not user code: recognised by what it has.
     if all(hasattr(module, name) for name in NATIVE_ATTRIBUTES):
         return module
     return None
@@ -80,6 +81,7 @@ def scrapy_owned_settings(names: Any) -> list[str]:
     """Those of *names* that Scrapy's own default settings define."""
     from scrapy.settings import default_settings
 
+    # Scrapy's settings module: which of the names it defines.
     return sorted(name for name in names if hasattr(default_settings, name))
 
 

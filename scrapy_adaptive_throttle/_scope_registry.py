@@ -16,12 +16,12 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, KeysView, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from scrapy import signals
 
 from ._containment import ScopeManagerError
-from ._scope_adapter import ScopeAdapter
+from ._scope_adapter import ScopeAdapter, build_scope_manager
 from ._types import ScopeID, ThrottlingScopeManagerProtocol
 
 if TYPE_CHECKING:
@@ -99,15 +99,12 @@ class ScopeRegistry:
         config = dict(scope_config.raw)
         config["id"] = scope_id
         try:
-            if hasattr(cls, "from_crawler"):
-                manager = cls.from_crawler(self.crawler, config)
-            else:
-                manager = cls(self.crawler, config)
+            manager = build_scope_manager(cls, self.crawler, config)
         except Exception as exc:
             raise ScopeManagerError(scope_id, cls, "from_crawler", exc) from exc
         if isinstance(manager, ThrottlingScopeManager):
             manager.slots_listener = self._on_slots_changed
-        adapter = ScopeAdapter(scope_id, cast(ThrottlingScopeManagerProtocol, manager))
+        adapter = ScopeAdapter(scope_id, manager)
         self.adapters[scope_id] = adapter
         if scope_id in self.config.scopes:
             self.matched_configured.add(scope_id)

@@ -107,6 +107,7 @@ class ThrottlerView:
             engine = self.crawler.engine
         except RuntimeError:  # the crawl has not started
             return None
+        # Scrapy's engine slot, not user code: None while no spider is open.
         return getattr(engine_slot(engine), "scheduler", None)
 
     def pending_scopes(self) -> set[ScopeID] | None:
