@@ -83,7 +83,7 @@ class ThrottlingManager:
         self.config: ThrottlingSettings = ThrottlingSettings.from_crawler(crawler)
         #: The state shared with other processes through Redis
         #: (:setting:`THROTTLING_STATE_URL`), or ``None``.
-        self.shared: SharedState | None = SharedState.from_crawler(crawler)
+        self.shared: SharedState | None = SharedState.from_crawler(crawler, clock=clock)
         self._resolver = ScopeResolver(self.config)
         self._crawl_delays = CrawlDelays(self.config, crawler.stats)
         self._registry = ScopeRegistry(
