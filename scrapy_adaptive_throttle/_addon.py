@@ -96,6 +96,7 @@ class Addon:
         )
         from scrapy.settings import default_settings
 
+        # Scrapy's default settings module, not user code.
         differing = [
             name for name in owned if getattr(default_settings, name) != DEFAULTS[name]
         ]

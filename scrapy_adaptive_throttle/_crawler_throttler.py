@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import build_from_crawler
 
-from ._queue_gate import missing_manager_methods
+from ._protocol_manager import (
+    is_protocol_manager,
+    manager_with_resolver,
+    missing_manager_methods,
+)
 from ._settings import ThrottlingSettings
 
 if TYPE_CHECKING:
-    from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.settings import BaseSettings
 
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 def current_throttler(crawler: Crawler) -> Any:
     """``crawler.throttler`` as it is now: ``None`` until a component built
     it, and on a crawler without the add-on (the one place that looks)."""
+    # Scrapy's Crawler, not user code: the attribute exists once set.
     return getattr(crawler, "throttler", None)
 
 
@@ -43,7 +47,7 @@ def get_throttler(crawler: Crawler) -> Any:
     manager as its scope resolver. A class with ``acquire`` must also have
     ``get_scopes``, ``release``, ``process_response`` and
     ``process_exception`` (the rest of the protocol is optional, see
-    ``_queue_gate.py``); a :exc:`ValueError` naming the setting and the
+    ``_protocol_manager.py``); a :exc:`ValueError` naming the setting and the
     missing methods says otherwise, at start-up.
     """
     throttler = current_throttler(crawler)
@@ -51,7 +55,7 @@ def get_throttler(crawler: Crawler) -> Any:
         return throttler
     config = ThrottlingSettings.from_crawler(crawler)
     cls = config.manager_cls
-    if hasattr(cls, "acquire"):
+    if is_protocol_manager(cls):
         missing = missing_manager_methods(cls)
         if missing:
             raise ValueError(
@@ -64,40 +68,11 @@ def get_throttler(crawler: Crawler) -> Any:
     else:
         from ._manager import ThrottlingManager
 
-        throttler = _with_resolver(ThrottlingManager, cls, crawler)
+        throttler = manager_with_resolver(ThrottlingManager, cls, crawler)
     crawler.throttler = throttler  # type: ignore[attr-defined]
     _log_configuration(config, throttler)
     _warn_about_settings_that_undo_it(crawler, config)
     return throttler
-
-
-def _with_resolver(base: type, resolver_cls: type, crawler: Crawler) -> Any:
-    resolver = (
-        build_from_crawler(resolver_cls, crawler)
-        if hasattr(resolver_cls, "from_crawler")
-        else resolver_cls()
-    )
-    namespace: dict[str, Any] = {}
-    if hasattr(resolver, "get_request_scopes"):
-        namespace["get_request_scopes"] = lambda self, request: (
-            resolver.get_request_scopes(request)
-        )
-    elif hasattr(resolver, "get_scopes"):
-
-        async def get_scopes(self: Any, request: Request) -> Any:
-            return await resolver.get_scopes(request)
-
-        namespace["get_scopes"] = get_scopes
-    else:
-        raise ValueError(
-            f"Invalid THROTTLING_MANAGER value {resolver_cls!r}: it implements "
-            "neither the throttling manager protocol (acquire, release, ...) nor "
-            "get_request_scopes() / get_scopes()"
-        )
-    combined = type(f"{resolver_cls.__name__}Manager", (base,), namespace)
-    manager = combined(crawler)
-    manager.scope_resolver = resolver
-    return manager
 
 
 def _log_configuration(config: ThrottlingSettings, throttler: Any) -> None:

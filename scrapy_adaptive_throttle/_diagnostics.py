@@ -24,7 +24,6 @@ measures the cost with 100 000 scopes.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -33,6 +32,7 @@ from scrapy import Request, signals
 from scrapy.extensions.telnet import update_telnet_vars
 from scrapy.utils.asyncio import create_looping_call
 
+from ._clock import MONOTONIC_CLOCK
 from ._explain import Explanation, primary_reason, scope_wait_reasons
 from ._meta_keys import DOWNLOAD_LATENCY_META_KEY, RESOLVED_SCOPES_META_KEY
 from ._observability_settings import ObservabilitySettings
@@ -93,7 +93,7 @@ class ThrottlingDiagnostics:
         self.timeline: TimelineWriter | None = None
         self._timeline_stream: IO[str] | None = None
         #: The clock of the timeline's sample times (injected for tests).
-        self.wall_clock: Callable[[], float] = time.monotonic
+        self.wall_clock: Callable[[], float] = MONOTONIC_CLOCK
         self._started = self.wall_clock()
         self._last_sample = self._started
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)

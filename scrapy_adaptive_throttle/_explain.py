@@ -22,7 +22,6 @@ backoff recovers because somebody looked.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -281,7 +280,7 @@ def explain(
             values = list(iter_scope_values(meta[RESOLVED_SCOPES_META_KEY]))
         else:
             values = list(iter_scope_values(throttler.get_request_scopes(request)))
-        delay = _remaining_request_delay(request)
+        delay = _remaining_request_delay(request, throttler.wall_clock)
         return Explanation(
             request=request,
             scopes=tuple(
@@ -295,7 +294,7 @@ def explain(
 
 
 def _remaining_request_delay(
-    request: Request, wall_clock: Callable[[], float] = time.time
+    request: Request, wall_clock: Callable[[], float]
 ) -> float:
     # The deadline is a wall-clock time: it survives a JOBDIR restart.
 

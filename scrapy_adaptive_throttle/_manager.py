@@ -3,59 +3,41 @@
 A thin facade, reachable as ``crawler.throttler``, over the objects that own
 the state: the scope resolver (``_scope_resolver.py``), the registry of
 scope managers (``_scope_registry.py``, through the adapter of
-``_scope_adapter.py``), the gate (``_scope_gate.py``), the backoff triggers
-(``_backoff_triggers.py``), the robots.txt Crawl-delays
-(``_robots_crawl_delay.py``) and the pure response policy
-(``_algorithms/response_policy.py``). See :doc:`/architecture`.
+``_scope_adapter.py``), the gate (``_scope_gate.py``, and the manager's
+``queue_gate`` of ``_manager_gate.py``), what a download's outcome changes
+(``_download_outcomes.py`` over ``_backoff_triggers.py``), the robots.txt
+Crawl-delays (``_robots_crawl_delay.py``) and the pure response policy
+(``_algorithms/response_policy.py``). Its methods are the ones to override
+and the protocol's. See :doc:`/architecture`.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterable
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from scrapy import signals
-from scrapy.utils.python import global_object_name
-from twisted.internet.defer import Deferred
-
-from ._algorithms.response_policy import (
-    MAX_REQUEST_DELAY,
-    exhausted_quota_delay,
-    response_delay,
-)
+from ._algorithms.response_policy import exhausted_quota_delay, response_delay
 from ._backoff_triggers import BackoffTriggers
-from ._containment import validate_scopes
-from ._decisions import responding
+from ._clock import MONOTONIC_CLOCK, WALL_CLOCK
+from ._download_outcomes import DownloadOutcomes
 from ._manager_gate import ManagerGate
-from ._meta_keys import (
-    DELAY_DEADLINE_META_KEY,
-    DELAYED_META_KEY,
-    SLOT_STAMP_META_KEY,
-)
 from ._robots_crawl_delay import CrawlDelays
 from ._scope_gate import Reservation, ScopeGate, ScopeValues
 from ._scope_registry import ScopeManagers, ScopeRegistry
 from ._scope_resolver import (
     RequestDelay,
     ScopeResolver,
-    is_robots_request,
     request_netloc,
-    resolve_without_waiting,
-    sent_scope_values,
-    slot_key,
+    request_slot_key,
+    resolve_scopes_now,
 )
 from ._settings import ThrottlingSettings
 from ._shared_state import SharedState
 from ._types import (
-    RESOLVED_SCOPES_META_KEY,
     BackoffData,
     RequestScopes,
     ScopeID,
     ThrottlingScopeManagerProtocol,
-    dont_track,
     scope_cache,
 )
 
@@ -65,30 +47,13 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from twisted.internet.defer import Deferred
     from typing_extensions import Self
 
     from ._explain import Explanation
     from ._scope_adapter import ScopeAdapter
 
-__all__ = [
-    "DELAYED_META_KEY",
-    "DELAY_DEADLINE_META_KEY",
-    "MAX_REQUEST_DELAY",
-    "SLOT_STAMP_META_KEY",
-    "Reservation",
-    "ScopeValues",
-    "ThrottlingManager",
-    "is_robots_request",
-]
-
-logger = logging.getLogger(__name__)
-
-#: The request whose response :meth:`ThrottlingManager.process_response` is
-#: handling, for responses that an overridden ``get_response_backoff`` builds
-#: without one (the reference chapter's "X-Upstream-Status-Code" example).
-_RESPONSE_REQUEST: ContextVar[Request | None] = ContextVar(
-    "_RESPONSE_REQUEST", default=None
-)
+__all__ = ["ThrottlingManager"]
 
 
 class ThrottlingManager:
@@ -111,23 +76,28 @@ class ThrottlingManager:
         self,
         crawler: Crawler,
         *,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = MONOTONIC_CLOCK,
+        wall_clock: Callable[[], float] = WALL_CLOCK,
     ) -> None:
         self.crawler = crawler
         self.config: ThrottlingSettings = ThrottlingSettings.from_crawler(crawler)
         #: The state shared with other processes through Redis
         #: (:setting:`THROTTLING_STATE_URL`), or ``None``.
-        self.shared: SharedState | None = SharedState.from_crawler(crawler)
+        self.shared: SharedState | None = SharedState.from_crawler(crawler, clock=clock)
         self._resolver = ScopeResolver(self.config)
         self._crawl_delays = CrawlDelays(self.config, crawler.stats)
         self._registry = ScopeRegistry(
-            crawler, self.config, clock, self._crawl_delays.reapply
+            crawler,
+            self.config,
+            clock,
+            self._crawl_delays.reapply,
+            self.notify_slots_changed,
         )
         self._gate = ScopeGate(crawler, self.config, self._registry, clock, self.shared)
         self._backoff = BackoffTriggers(
             crawler, self.config, self._registry, self.shared
         )
+        self._outcomes = DownloadOutcomes(self, self._backoff, self._gate)
         self._request_delay = RequestDelay(
             wall_clock, crawler.stats, debug=self.config.debug
         )
@@ -138,15 +108,9 @@ class ThrottlingManager:
         #: release and its listeners): see ``_manager_gate.py``.
         self.queue_gate = ManagerGate(self, self._gate, self._registry, self.config)
         if self.config.robotstxt_obey:
-            crawler.signals.connect(
-                self._on_robots_parsed, signal=signals.robots_parsed
+            self._crawl_delays.listen(
+                crawler, self.get_crawl_delay_scope, self.apply_robots_crawl_delay
             )
-        if self.config.scopes_set:
-            crawler.signals.connect(
-                self._registry.warn_unmatched, signal=signals.spider_closed
-            )
-        if self.shared is not None:
-            crawler.signals.connect(self.shared.close, signal=signals.spider_closed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -194,29 +158,18 @@ class ThrottlingManager:
     def resolve_scopes_now(
         self, request: Request
     ) -> RequestScopes | Deferred[RequestScopes]:
-        """Resolve and persist the scopes of *request* without waiting.
-
-        Returns the scopes, or a Deferred when :meth:`get_scopes` really
-        awaits something (e.g. a DNS lookup); used by the scheduler queue,
-        whose ``push`` is synchronous.
-        """
-        if self._sync_get_scopes:
-            scopes = validate_scopes(self.get_request_scopes(request), request)
-            request.meta[RESOLVED_SCOPES_META_KEY] = scopes
-            return scopes
-        return resolve_without_waiting(self.get_scopes, request)
-
-    def _sent_scope_values(self, request: Request) -> ScopeValues:
-        return sent_scope_values(
-            request, self._gate.reserved.get(request), self.get_request_scopes
+        """Resolve and persist the scopes of *request*, or a Deferred of them
+        when :meth:`get_scopes` really awaits (the queue's ``push`` cannot)."""
+        return resolve_scopes_now(
+            request,
+            self.get_request_scopes,
+            self.get_scopes,
+            synchronous=self._sync_get_scopes,
         )
 
     def get_slot_key(self, request: Request) -> str:
         """The scopes of *request* as one string (sorted ids joined by ``+``)."""
-        scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)
-        if scopes is None:
-            scopes = self.get_request_scopes(request)
-        return slot_key(scopes)
+        return request_slot_key(request, self.get_request_scopes)
 
     def get_scope_manager(self, scope_id: ScopeID) -> ThrottlingScopeManagerProtocol:
         """Return the scope manager of *scope_id*, creating it if needed."""
@@ -229,73 +182,46 @@ class ThrottlingManager:
         self.queue_gate.add_release_listener(listener)
 
     def refund_cached(self, request: Request) -> None:
-        """*request* was answered from Scrapy's HTTP cache: give its send back.
-
-        It never reached the host, so it does not space the next request of
-        its scopes (delay and jitter) nor use their quota: a crawl served
-        from the cache runs as fast as with Scrapy's own downloader, which
-        applies ``DOWNLOAD_DELAY`` only to requests it downloads. Its slots
-        are freed by :meth:`release`, as for every request. Scope managers
-        other than :class:`~scrapy_adaptive_throttle.ThrottlingScopeManager`
-        (and its subclasses) keep what they recorded.
-        """
-        if not self._gate.reserved.get(request):
-            return
-        self._gate.refund(request, dict(self._sent_scope_values(request)))
+        """*request* was answered from Scrapy's HTTP cache: give its send back
+        (see ``ManagerGate.refund_cached``); :meth:`release` frees its slots."""
+        self.queue_gate.refund_cached(request)
 
     def check_scopes(
         self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
-        """``(wait, blocked)``: the time until every time gate is open, and the
-        first scope at its concurrency limit (*head* is not needed here)."""
+        """``(wait, blocked)`` of *scope_values* (see ``ScopeGate.check_scopes``)."""
         return self._gate.check_scopes(scope_values, now)
 
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
     ) -> None:
-        """Record *request* as sent on each of its scopes, all or nothing (a
-        scope manager's error releases the scopes already recorded)."""
+        """Record *request* as sent on each of its scopes, all or nothing."""
         self._gate.reserve_scopes(request, scope_values, now)
 
     def is_ready(self, request: Request) -> bool:
         """Whether *request* could be sent right now."""
-        if self.get_request_delay(request) > 0:
-            return False
-        wait, blocked = self.check_scopes(
-            self._sent_scope_values(request), self._clock()
-        )
-        return wait <= 0 and blocked is None
+        return self.queue_gate.is_ready(request)
 
     def reserve(self, request: Request) -> None:
         """Record *request* as sent; a later :meth:`acquire` returns at once."""
-        self.reserve_scopes(request, self._sent_scope_values(request), self._clock())
+        self.queue_gate.reserve(request)
 
     def get_time_until_ready(self, request: Request) -> float | None:
         """Seconds until every time gate of *request* opens; ``None`` if open."""
-        wait, _ = self.check_scopes(self._sent_scope_values(request), self._clock())
-        wait = max(wait, self.get_request_delay(request))
-        return wait or None
+        return self.queue_gate.time_until_ready(request)
 
     def get_scope_load(self, scope_id: ScopeID) -> float:
         """Active requests of the scope divided by its concurrency limit."""
         return self._registry.get(scope_id).get_load()
 
     def get_request_delay(self, request: Request, now: float | None = None) -> float:
-        """Remaining ``throttling_delay`` of *request* (0.0 if none or elapsed).
-
-        The deadline is set the first time this is called for the request,
-        in wall-clock time so that it survives a paused and resumed crawl.
-        """
+        """Remaining ``throttling_delay`` of *request* (0.0 if none or elapsed);
+        its deadline, on :attr:`wall_clock`, is set by the first call."""
         return self._request_delay.remaining(request)
 
-    # -- the gate -------------------------------------------------------------
-
     async def acquire(self, request: Request) -> None:
-        """Wait until every scope of *request* allows it, then reserve it.
-
-        Requests reserved by the throttling-aware scheduler queue return at
-        once; robots.txt downloads are never held (see :func:`is_robots_request`).
-        """
+        """Wait until every scope of *request* allows it, then reserve it (at
+        once if the scheduler queue reserved it; robots.txt is never held)."""
         await self._gate.acquire(
             request, self.get_request_delay, self.get_scopes, self.release
         )
@@ -362,16 +288,7 @@ class ThrottlingManager:
         another status, passed to ``super()``) counts for the request being
         processed.
         """
-        request = response.request
-        if request is None:
-            request = _RESPONSE_REQUEST.get()
-        return self._backoff.of_response(
-            response,
-            request,
-            self._sent_scope_values,
-            lambda: self.get_response_delay(response),
-            lambda: self.get_exhausted_quota_delay(response),
-        )
+        return self._outcomes.response_backoff(response)
 
     async def get_exception_backoff(
         self, request: Request, exception: BaseException
@@ -380,37 +297,20 @@ class ThrottlingManager:
         of *request* whose backoff exceptions (:setting:`BACKOFF_EXCEPTIONS`
         or their ``"backoff"`` ``"exceptions"``) include its type, as bare
         scopes; ``None`` for :reqmeta:`throttling_dont_track` requests."""
-        if dont_track(request.meta):
-            return None
-        return self._backoff.of_exception(self._sent_scope_values(request), exception)
+        return self._outcomes.exception_backoff(request, exception)
 
     async def process_response(self, response: Response) -> None:
         """Update throttling state from a downloaded (non-cached) response.
 
         Called for every attempt, before RetryMiddleware decides to retry it.
         """
-        request, status, now = response.request, response.status, self._clock()
-        backoff = await _response_backoff(self, response)
-        if backoff is not None:
-            with responding(response):  # names the header of a hold in the log
-                self.apply_backoff(backoff, now=now, cause=f"status/{status}")
-            if status == 429:
-                self._backoff.record_rate_limited(
-                    backoff, now, self._gate.sent_at(request)
-                )
-        self._gate.record_response(request, status, now)
+        await self._outcomes.process_response(response)
 
     async def process_exception(
         self, request: Request, exception: BaseException
     ) -> None:
         """Update throttling state from a download exception."""
-        backoff = await self.get_exception_backoff(request, exception)
-        if backoff is not None:
-            self.apply_backoff(
-                backoff,
-                now=self._clock(),
-                cause=f"exception/{global_object_name(type(exception))}",
-            )
+        await self._outcomes.process_exception(request, exception)
 
     def apply_backoff(
         self, backoff: BackoffData, *, now: float | None = None, cause: str = "other"
@@ -455,17 +355,9 @@ class ThrottlingManager:
 
     def iter_scope_states(self) -> Iterable[dict[str, Any]]:
         """Snapshots of every live scope."""
-        now = self._clock()
-        for adapter in list(self._registry.adapters.values()):
-            yield adapter.get_state(now)
+        return self._registry.states(self._clock())
 
     # -- robots.txt ---------------------------------------------------------------
-
-    def _on_robots_parsed(self, robotparser: Any, request: Request) -> None:
-        seconds = self._crawl_delays.read(robotparser)
-        if seconds is not None:
-            scope_id = self.get_crawl_delay_scope(request)
-            self.apply_robots_crawl_delay(scope_id, seconds)
 
     def get_crawl_delay_scope(self, request: Request) -> ScopeID:
         """Return the scope that the robots.txt Crawl-delay of *request*'s
@@ -506,20 +398,6 @@ class ThrottlingManager:
         return explain(self, request_or_scope)
 
     def scope_adapters(self) -> Mapping[ScopeID, ScopeAdapter]:
-        """The live scopes by scope id, least recently used first, each
-        behind its :class:`~scrapy_adaptive_throttle._scope_adapter.ScopeAdapter`:
-        a read-only, live view (reading it creates and refreshes no scope)
-        through which diagnostics, explain and stats read scope state."""
+        """The live scopes by id, least recently used first, each behind its
+        ``ScopeAdapter``: a read-only view that creates and refreshes none."""
         return self._registry.live
-
-
-async def _response_backoff(
-    manager: ThrottlingManager, response: Response
-) -> BackoffData:
-    """``manager.get_response_backoff(response)``, with the request being
-    processed known to a response that an override builds without one."""
-    token = _RESPONSE_REQUEST.set(response.request)
-    try:
-        return await manager.get_response_backoff(response)
-    finally:
-        _RESPONSE_REQUEST.reset(token)

@@ -4,16 +4,19 @@
 that :class:`~scrapy_adaptive_throttle.ThrottlingManager` exposes once, as
 its ``queue_gate`` attribute: the queue and the downloader talk to it, not
 to the manager's whole surface. Checks, reservations and listeners go
-straight to the :class:`~scrapy_adaptive_throttle._scope_gate.ScopeGate`
-(no extra call on the hot path); what a subclass of the manager may
-override (scope resolution, ``release``, the per-request delay, the slot
-key) goes through the manager.
+straight to the :class:`~scrapy_adaptive_throttle._scope_gate.ScopeGate`;
+what a subclass of the manager may override (scope resolution, ``release``,
+the per-request delay, the slot key) is the manager's bound method, looked
+up once when the gate is built: the subclass's override, with no frame of
+the gate in between on the hot path (one call per request each).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
+
+from ._scope_resolver import sent_scope_values
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -47,6 +50,24 @@ class ManagerGate:
         self._manager = manager
         self._gate = gate
         self._registry = registry
+        # Bound once: a subclass's override is what gets bound, and the queue
+        # and the downloader call it directly (instance attributes, not
+        # methods of this class that would call it, one frame more each).
+        self.resolve_scopes_now: Callable[
+            [Request], RequestScopes | Deferred[RequestScopes]
+        ] = manager.resolve_scopes_now
+        self.release: Callable[[Request], None] = manager.release
+        self.get_request_delay: Callable[..., float] = manager.get_request_delay
+        self.get_slot_key: Callable[[Request], str] = manager.get_slot_key
+        self.check_scopes: Callable[..., tuple[float, ScopeID | None]] = (
+            gate.check_scopes
+        )
+        self.reserve_scopes: Callable[[Request, ScopeValues, float], None] = (
+            gate.reserve_scopes
+        )
+        self._request_scopes: Callable[[Request], RequestScopes] = (
+            manager.get_request_scopes
+        )
         #: The quota of each configured quota scope.
         self.quotas: Mapping[ScopeID, float] = {
             scope_id: scope.quota
@@ -64,35 +85,53 @@ class ManagerGate:
         """The manager's wall clock."""
         return self._manager.wall_clock
 
-    def resolve_scopes_now(
-        self, request: Request
-    ) -> RequestScopes | Deferred[RequestScopes]:
-        """See :meth:`ThrottlingManager.resolve_scopes_now`."""
-        return self._manager.resolve_scopes_now(request)
+    # -- by request: the protocol's checks, for the manager's methods ---------
 
-    def check_scopes(
-        self, scope_values: ScopeValues, now: float, head: Request | None = None
-    ) -> tuple[float, ScopeID | None]:
-        """``(wait, blocked)`` of *scope_values* (*head* is not needed)."""
-        return self._gate.check_scopes(scope_values, now)
+    def sent_scope_values(self, request: Request) -> ScopeValues:
+        """The ``(scope, quota amount)`` pairs *request* was (or will be)
+        sent under (see ``sent_scope_values`` of ``_scope_resolver.py``)."""
+        return sent_scope_values(
+            request, self._gate.reserved.get(request), self._request_scopes
+        )
 
-    def reserve_scopes(
-        self, request: Request, scope_values: ScopeValues, now: float
-    ) -> None:
-        """Record *request* as sent on its scopes, all or nothing."""
-        self._gate.reserve_scopes(request, scope_values, now)
+    def is_ready(self, request: Request) -> bool:
+        """Whether *request* could be sent right now (its delay and every
+        gate of its scopes)."""
+        if self.get_request_delay(request) > 0:
+            return False
+        wait, blocked = self.check_scopes(
+            self.sent_scope_values(request), self._gate.clock()
+        )
+        return wait <= 0 and blocked is None
 
-    def release(self, request: Request) -> None:
-        """Free the slots of *request* (through the manager's ``release``)."""
-        self._manager.release(request)
+    def time_until_ready(self, request: Request) -> float | None:
+        """Seconds until *request*'s delay and every time gate of its scopes
+        open; ``None`` if they are open."""
+        wait, _ = self.check_scopes(self.sent_scope_values(request), self._gate.clock())
+        wait = max(wait, self.get_request_delay(request))
+        return wait or None
 
-    def get_request_delay(self, request: Request, now: float | None = None) -> float:
-        """Remaining ``throttling_delay`` of *request*."""
-        return self._manager.get_request_delay(request)
+    def reserve(self, request: Request) -> None:
+        """Record *request* as sent on its scopes, now."""
+        self.reserve_scopes(
+            request, self.sent_scope_values(request), self._gate.clock()
+        )
 
-    def get_slot_key(self, request: Request) -> str:
-        """The downloader's slot key of *request*."""
-        return self._manager.get_slot_key(request)
+    def refund_cached(self, request: Request) -> None:
+        """Give back the send of *request*, answered from Scrapy's HTTP cache.
+
+        It never reached the host, so it does not space the next request of
+        its scopes (delay and jitter) nor use their quota: a crawl served
+        from the cache runs as fast as with Scrapy's own downloader, which
+        applies ``DOWNLOAD_DELAY`` only to requests it downloads. Its slots
+        are freed by the release, as for every request. Scope managers other
+        than the built-in ones keep what they recorded.
+        """
+        if not self._gate.reserved.get(request):
+            return
+        self._gate.refund(request, dict(self.sent_scope_values(request)))
+
+    # -- listeners and slots ------------------------------------------------------
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:
         """Whether *scope_id* has room for one more request now."""

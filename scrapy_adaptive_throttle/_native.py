@@ -24,17 +24,18 @@ from __future__ import annotations
 import importlib
 import logging
 import weakref
-from time import monotonic
 from typing import TYPE_CHECKING, Any
 
+from ._clock import MONOTONIC_CLOCK
 from ._meta_keys import (
     DONT_TRACK_META_KEY,
     DOWNLOAD_LATENCY_META_KEY,
     RESOLVED_SCOPES_META_KEY,
 )
-from ._types import ScopeID, iter_scopes
+from ._types import RequestScopes, ScopeID, iter_scopes
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import ModuleType
 
     from scrapy import Request
@@ -70,6 +71,7 @@ def native_throttling() -> ModuleType | None:
         module = importlib.import_module(NATIVE_MODULE)
     except ImportError:
         return None
+    # Scrapy's module, not user code: recognised by what it has.
     if all(hasattr(module, name) for name in NATIVE_ATTRIBUTES):
         return module
     return None
@@ -79,6 +81,7 @@ def scrapy_owned_settings(names: Any) -> list[str]:
     """Those of *names* that Scrapy's own default settings define."""
     from scrapy.settings import default_settings
 
+    # Scrapy's settings module: which of the names it defines.
     return sorted(name for name in names if hasattr(default_settings, name))
 
 
@@ -113,6 +116,10 @@ class LatencySampleMiddleware:
             crawler, weakref.WeakValueDictionary()
         )
         self._enabled: bool | None = None
+        #: The clock of the samples' times (the scope managers' default one).
+        self.clock: Callable[[], float] = MONOTONIC_CLOCK
+        #: The ``get_scopes`` of Scrapy's manager, looked up with it.
+        self._get_scopes: Callable[[Request], Awaitable[RequestScopes]] | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -123,8 +130,14 @@ class LatencySampleMiddleware:
             from ._crawler_throttler import current_throttler
             from ._manager import ThrottlingManager
 
+            # Scrapy builds both this middleware and its own manager, so
+            # nothing can hand the manager to us: look it up, once, at the
+            # first response (the manager exists by then).
             throttler = current_throttler(self.crawler)
+            if throttler is None:
+                return True  # not built yet: look again at the next response
             self._enabled = not isinstance(throttler, ThrottlingManager)
+            self._get_scopes = throttler.get_scopes
         return self._enabled
 
     def process_request(self, request: Request) -> None:
@@ -142,13 +155,15 @@ class LatencySampleMiddleware:
             return response
         scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)
         if scopes is None:
+            if self._get_scopes is None:
+                return response
             try:
-                scopes = await self.crawler.throttler.get_scopes(request)  # type: ignore[attr-defined]
+                scopes = await self._get_scopes(request)
             except Exception:
                 # Scrapy's manager reports its own errors when it gates the
                 # request; a sample is not worth a second report.
                 return response
-        now = monotonic()
+        now = self.clock()
         for scope_id in iter_scopes(scopes):
             manager = self._scopes.get(scope_id)
             if manager is None:

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
 
 from ._algorithms.response_policy import ConfiguredLimits, merge_crawl_delay
 
 if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
     from ._scope_adapter import ScopeAdapter
@@ -38,6 +43,26 @@ class CrawlDelays:
         self.stats = stats
         self.delays: dict[ScopeID, float] = {}
         self._warned: set[ScopeID] = set()
+
+    def listen(
+        self,
+        crawler: Crawler,
+        scope_of: Callable[[Request], ScopeID],
+        apply: Callable[[ScopeID, float], None],
+    ) -> None:
+        """Apply the Crawl-delay of each robots.txt that RobotsTxtMiddleware
+        parses (its ``robots_parsed`` signal) with *apply* to the scope
+        *scope_of* its request: the manager's ``apply_robots_crawl_delay``
+        and ``get_crawl_delay_scope``, which a subclass may override."""
+        self._scope_of = scope_of
+        self._apply = apply
+        crawler.signals.connect(self.on_robots_parsed, signal=signals.robots_parsed)
+
+    def on_robots_parsed(self, robotparser: Any, request: Request) -> None:
+        """The ``robots_parsed`` handler (see :meth:`listen`)."""
+        seconds = self.read(robotparser)
+        if seconds is not None:
+            self._apply(self._scope_of(request), seconds)
 
     def read(self, robotparser: Any) -> float | None:
         """The Crawl-delay that a parsed robots.txt gives our user agent, in

@@ -18,17 +18,31 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._scope import Scope
 from ._types import ScopeID, ThrottlingScopeManagerProtocol
 
 if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
     from twisted.internet.defer import Deferred
 
     from ._scope_state import ScopeState
 
-__all__ = ["ScopeAdapter"]
+__all__ = ["ScopeAdapter", "build_scope_manager"]
+
+
+def build_scope_manager(
+    cls: type, crawler: Crawler, config: dict[str, Any]
+) -> ThrottlingScopeManagerProtocol:
+    """A scope manager of class *cls* for the scope entry *config*: with its
+    ``from_crawler`` when it has one (the protocol's), else ``cls(crawler,
+    config)``."""
+    if hasattr(cls, "from_crawler"):
+        manager = cls.from_crawler(crawler, config)
+    else:
+        manager = cls(crawler, config)
+    return cast(ThrottlingScopeManagerProtocol, manager)
 
 
 class ScopeAdapter:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
+from scrapy import signals
 from scrapy.exceptions import IgnoreRequest
 from scrapy.utils.asyncio import call_later, sleep
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -78,14 +79,18 @@ class ScopeGate:
         #: Requests waiting in :meth:`wait_and_reserve`.
         self.waiting = 0
         self._warned_waiting = False
+        if shared is not None:
+            crawler.signals.connect(shared.close, signal=signals.spider_closed)
 
     # -- checks and reservations ----------------------------------------------
 
     def check_scopes(
-        self, scope_values: ScopeValues, now: float
+        self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:
         """``(wait, blocked)``: the time until every time gate is open, and
-        the first scope at its concurrency limit (or ``None``)."""
+        the first scope at its concurrency limit (or ``None``). *head*, the
+        request the scheduler queue passes, is not needed: the scopes say it
+        all."""
         wait = 0.0
         blocked: ScopeID | None = None
         get = self.registry.get

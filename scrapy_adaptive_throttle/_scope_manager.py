@@ -15,13 +15,13 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
-from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
 
 from ._algorithms import RampupPolicy, RampupState
 from ._algorithms.concurrency import ConcurrencyLimit, FixedLimit, RampupLimit
+from ._clock import MONOTONIC_CLOCK
 from ._scope import Scope
 from ._scope_state import LocalScopeStore, ScopeStore
 from ._settings import ScopeSettings, ThrottlingSettings
@@ -58,7 +58,12 @@ class ThrottlingScopeManager:
         self._debug = throttling.debug
         self._stats = crawler.stats
         #: The clock of times not given by the caller (the throttler's).
-        self.clock: Callable[[], float] = monotonic
+        self.clock: Callable[[], float] = MONOTONIC_CLOCK
+        #: Called with the scope id for each slot a raised limit adds, so that
+        #: the scheduler queue hears of it: set by the registry that builds
+        #: this scope manager (``None``, e.g. under Scrapy's own manager: only
+        #: the waiters of :meth:`slot_event` hear of it).
+        self.slots_listener: Callable[[str], None] | None = None
         self._slot_waiters: deque[Deferred[None]] = deque()
         settings = self.config
         parts = self.state_store.parts(self.id, settings)
@@ -290,11 +295,8 @@ class ThrottlingScopeManager:
     def _on_slots_raised(self, slots: int) -> None:
         # Requests waiting for this scope must hear of the new slots: gate
         # waiters through slot events, the scheduler queue through the
-        # manager's release listeners.
-        from ._crawler_throttler import current_throttler
-
-        throttler = current_throttler(self.crawler)
-        notify = getattr(throttler, "notify_slots_changed", None)
+        # listener the registry set (the manager's release listeners).
+        notify = self.slots_listener
         for _ in range(slots):
             self.wake_waiter()
             if notify is not None:

@@ -16,10 +16,12 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, KeysView, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
 
 from ._containment import ScopeManagerError
-from ._scope_adapter import ScopeAdapter
+from ._scope_adapter import ScopeAdapter, build_scope_manager
 from ._types import ScopeID, ThrottlingScopeManagerProtocol
 
 if TYPE_CHECKING:
@@ -41,6 +43,9 @@ class ScopeRegistry:
 
     :param on_create: called with each new adapter, after it is registered
         (the manager applies a remembered robots.txt Crawl-delay there).
+    :param on_slots_changed: called with a scope id for each slot that a
+        raised limit of a built-in scope manager adds (the manager's
+        ``notify_slots_changed``, which wakes the scheduler queue).
     """
 
     def __init__(
@@ -49,11 +54,13 @@ class ScopeRegistry:
         config: ThrottlingSettings,
         clock: Callable[[], float],
         on_create: Callable[[ScopeAdapter], None],
+        on_slots_changed: Callable[[ScopeID], None],
     ) -> None:
         self.crawler = crawler
         self.config = config
         self.clock = clock
         self._on_create = on_create
+        self._on_slots_changed = on_slots_changed
         self.adapters: OrderedDict[ScopeID, ScopeAdapter] = OrderedDict()
         #: THROTTLING_SCOPES keys that got a scope manager, i.e. matched a
         #: scope of some request.
@@ -62,6 +69,8 @@ class ScopeRegistry:
         # half max-idle later: a scope configured before its first request
         # (e.g. with set_scope_delay) must not be dropped as never used.
         self._last_eviction: float | None = None
+        if config.scopes_set:
+            crawler.signals.connect(self.warn_unmatched, signal=signals.spider_closed)
 
     @property
     def live(self) -> Mapping[ScopeID, ScopeAdapter]:
@@ -80,23 +89,22 @@ class ScopeRegistry:
 
     def _create(self, scope_id: ScopeID) -> ScopeAdapter:
         scope_config = self.config.scope(scope_id)
+        from ._scope_manager import ThrottlingScopeManager
+
         cls = scope_config.manager or self.config.scope_manager_cls
         if scope_config.kind == "slot" and scope_config.manager is None:
             # Another plugin's slot with no entry of its own: it limits
             # nothing (the host scope does), so there is nothing to adapt.
-            from ._scope_manager import ThrottlingScopeManager
-
             cls = ThrottlingScopeManager
         config = dict(scope_config.raw)
         config["id"] = scope_id
         try:
-            if hasattr(cls, "from_crawler"):
-                manager = cls.from_crawler(self.crawler, config)
-            else:
-                manager = cls(self.crawler, config)
+            manager = build_scope_manager(cls, self.crawler, config)
         except Exception as exc:
             raise ScopeManagerError(scope_id, cls, "from_crawler", exc) from exc
-        adapter = ScopeAdapter(scope_id, cast(ThrottlingScopeManagerProtocol, manager))
+        if isinstance(manager, ThrottlingScopeManager):
+            manager.slots_listener = self._on_slots_changed
+        adapter = ScopeAdapter(scope_id, manager)
         self.adapters[scope_id] = adapter
         if scope_id in self.config.scopes:
             self.matched_configured.add(scope_id)
@@ -139,6 +147,12 @@ class ScopeRegistry:
         ]
         for scope_id in idle:
             del self.adapters[scope_id]
+
+    def states(self, now: float) -> Iterator[dict[str, Any]]:
+        """The ``get_state`` snapshot of each live scope (from a copy of the
+        registry: reading a state may create or evict scopes)."""
+        for adapter in list(self.adapters.values()):
+            yield adapter.get_state(now)
 
     def warn_unmatched(self) -> None:
         """Warn about the :setting:`THROTTLING_SCOPES` keys that matched no

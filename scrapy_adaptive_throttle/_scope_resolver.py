@@ -18,6 +18,7 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.httpobj import urlparse_cached
 
 from ._algorithms.response_policy import MAX_REQUEST_DELAY, request_delay_seconds
+from ._containment import validate_scopes
 from ._meta_keys import (
     DELAY_DEADLINE_META_KEY,
     DELAY_META_KEY,
@@ -116,6 +117,28 @@ def resolve_without_waiting(
     return deferred
 
 
+def resolve_scopes_now(
+    request: Request,
+    request_scopes: Callable[[Request], RequestScopes],
+    get_scopes: Callable[[Request], Coroutine[Any, Any, RequestScopes]],
+    *,
+    synchronous: bool,
+) -> RequestScopes | Deferred[RequestScopes]:
+    """Resolve and persist the scopes of *request* without waiting.
+
+    *synchronous*: *get_scopes* is the manager's default, which only returns
+    *request_scopes* of the request, so that is called directly (validated,
+    then kept in the request's meta). Otherwise *get_scopes* is run (it
+    persists its result itself, see ``scope_cache``), at once when it does
+    not really await (see :func:`resolve_without_waiting`).
+    """
+    if synchronous:
+        scopes = validate_scopes(request_scopes(request), request)
+        request.meta[RESOLVED_SCOPES_META_KEY] = scopes
+        return scopes
+    return resolve_without_waiting(get_scopes, request)
+
+
 def sent_scope_values(
     request: Request,
     reservation: Reservation | None,
@@ -137,6 +160,17 @@ def slot_key(scopes: RequestScopes) -> str:
     if isinstance(scopes, str):
         return scopes
     return "+".join(sorted(iter_scopes(scopes)))
+
+
+def request_slot_key(
+    request: Request, request_scopes: Callable[[Request], RequestScopes]
+) -> str:
+    """The :func:`slot_key` of *request*'s resolved scopes (else of
+    *request_scopes* of it)."""
+    scopes = request.meta.get(RESOLVED_SCOPES_META_KEY)
+    if scopes is None:
+        scopes = request_scopes(request)
+    return slot_key(scopes)
 
 
 class RequestDelay:

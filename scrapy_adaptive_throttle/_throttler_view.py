@@ -11,7 +11,8 @@ The default manager is recognised by its type and read through its typed
 accessors. Any other manager is asked for the optional parts of the protocol
 that the diagnostics use (``_scope_managers``, the attribute the protocol
 lists for the pull request's manager, ``iter_scope_states``, ``clock``,
-``config``, ``get_request_scopes``); what it lacks reads as empty.
+``config``, ``get_request_scopes``) by the ``read_*`` functions of
+``_protocol_manager.py``; what it lacks reads as empty.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._crawler_throttler import current_throttler
 from ._manager import ThrottlingManager
+from ._protocol_manager import (
+    read_clock,
+    read_configured_scopes,
+    read_request_scopes,
+    read_scope_managers,
+    read_scope_states,
+)
 from ._queue_schedule import engine_slot, pending_scopes
 from ._scope_registry import AdaptedScopeManagers
 
@@ -53,10 +61,8 @@ class ThrottlerView:
         throttler = self.throttler
         if isinstance(throttler, ThrottlingManager):
             return throttler.scope_adapters()
-        managers = getattr(throttler, "_scope_managers", None)
-        if isinstance(managers, Mapping):
-            return AdaptedScopeManagers(managers)
-        return {}
+        managers = read_scope_managers(throttler)
+        return {} if managers is None else AdaptedScopeManagers(managers)
 
     def states(self) -> list[dict[str, Any]]:
         """The state snapshot of every live scope (the manager's
@@ -64,28 +70,21 @@ class ThrottlerView:
         throttler = self.throttler
         if isinstance(throttler, ThrottlingManager):
             return list(throttler.iter_scope_states())
-        iter_states = getattr(throttler, "iter_scope_states", None)
-        if iter_states is None:
-            return []
-        states: Iterable[dict[str, Any]] = iter_states()
-        return list(states)
+        return read_scope_states(throttler)
 
     def clock(self) -> Callable[[], float] | None:
         """The manager's monotonic clock, ``None`` if it has none."""
         throttler = self.throttler
         if isinstance(throttler, ThrottlingManager):
             return throttler.clock
-        clock: Callable[[], float] | None = getattr(throttler, "clock", None)
-        return clock
+        return read_clock(throttler)
 
     def configured_scopes(self) -> Iterable[ScopeID]:
         """The :setting:`THROTTLING_SCOPES` keys, as the manager read them."""
         throttler = self.throttler
         if isinstance(throttler, ThrottlingManager):
             return throttler.config.scopes
-        config = getattr(throttler, "config", None)
-        scopes: Iterable[ScopeID] = config.scopes if config else ()
-        return scopes
+        return read_configured_scopes(throttler)
 
     def request_scopes(self, request: Request) -> RequestScopes | None:
         """The scopes of *request*, ``None`` if the manager cannot say
@@ -93,11 +92,7 @@ class ThrottlerView:
         throttler = self.throttler
         if isinstance(throttler, ThrottlingManager):
             return throttler.get_request_scopes(request)
-        get_scopes = getattr(throttler, "get_request_scopes", None)
-        if get_scopes is None:
-            return None
-        scopes: RequestScopes = get_scopes(request)
-        return scopes
+        return read_request_scopes(throttler, request)
 
     # -- the scheduler --------------------------------------------------------
 
@@ -107,6 +102,7 @@ class ThrottlerView:
             engine = self.crawler.engine
         except RuntimeError:  # the crawl has not started
             return None
+        # Scrapy's engine slot, not user code: None while no spider is open.
         return getattr(engine_slot(engine), "scheduler", None)
 
     def pending_scopes(self) -> set[ScopeID] | None:

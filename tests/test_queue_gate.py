@@ -257,3 +257,15 @@ def test_the_managers_gate_tells_timer_listeners_of_a_refunded_send():
     gate.reserve_scopes(request, [("a", None)], clock.now)
     manager.refund_cached(request)
     assert opened == ["a"]
+
+
+def test_a_raised_limit_wakes_the_queue_once_per_added_slot():
+    # The registry hands each scope manager it builds the manager's
+    # notify_slots_changed: no scope manager looks up crawler.throttler.
+    manager, gate, _ = _managers_gate(THROTTLING_SCOPES={"a": {"concurrency": 1}})
+    woken = []
+    gate.add_release_listener(woken.append)
+    manager.get_scope_manager("a").set_concurrency(3)
+    assert woken == ["a", "a"]
+    manager.get_scope_manager("a").set_concurrency(2)  # lowered: nobody to wake
+    assert woken == ["a", "a"]
