@@ -25,12 +25,7 @@ robust to hosts whose service time is noisy (issue 9):
   up: older answers tested the lower limit (on host B, 2 x 50 ms, counting
   them put half the crawl at a limit of 4, past the tolerance).
 * **Slow start** (TCP's): until a queue forms, each fast answer adds a whole
-  request instead of ``1 / limit``, doubling the limit every round (host A's
-  12 in about 0.15 s instead of 0.8 s: +1% to +10% of A's pages/s over a
-  2000-page crawl, no 503). A queue forming is one answer in the upper half
-  of the tolerance band on a steady host (no unloaded answer there), half of
-  the round's answers on a noisy one; a slow round or an overload ends it
-  too.
+  request, doubling the limit every round (``latency_slow_start.py``).
 * **Growth slows down near the tolerance, and near the level whose round
   was last slow** (``latency_growth.py``).
 * **A host that changed speed** becomes the baseline at once: a slowdown
@@ -66,20 +61,15 @@ from __future__ import annotations
 
 import math
 
-from .latency_baseline import UnloadedBaseline, lower_median
+from .latency_baseline import lower_median
 from .latency_growth import grown_limit, growth_step
-from .latency_probe import PROBE_SAMPLES, ProbeRound
-from .latency_round import FAR_RULE_TARGET, Round, round_size_for_noise
-from .latency_speed import SpeedChange
+from .latency_round import lowered_limit, round_size_for_noise
+from .latency_state import LatencyState
 
 __all__ = ["LatencyLimit"]
 
-#: A round must be at least this much faster than the baseline (and beyond
-#: its noise) to count as the host having sped up.
-_SPEEDUP = 0.9
 
-
-class LatencyLimit:
+class LatencyLimit(LatencyState):
     """The adaptive concurrency limit of one scope.
 
     Times are monotonic seconds passed in by the caller.
@@ -112,157 +102,12 @@ class LatencyLimit:
     baseline).
     """
 
-    __slots__ = (
-        "_baseline",
-        "_failed_at",
-        "_failed_level",
-        "_last_overload",
-        "_maximum",
-        "_minimum",
-        "_probe",
-        "_raised_at",
-        "_round",
-        "_round_size",
-        "_slow_start",
-        "_speed",
-        "best",
-        "decrease_count",
-        "increase_count",
-        "last_latency",
-        "limit",
-        "overload_count",
-        "rebaseline_count",
-        "resolution",
-        "tolerance",
-        "window",
-    )
-
-    def __init__(
-        self,
-        *,
-        initial: float = 2.0,
-        minimum: int = 1,
-        maximum: int = 8,
-        tolerance: float = 1.5,
-        window: float = 30.0,
-        resolution: float = 0.0,
-        slow_start: bool = True,
-        probe: bool = True,
-    ) -> None:
-        if not (math.isfinite(tolerance) and tolerance >= 1):
-            raise ValueError(f"tolerance must be >= 1, got {tolerance!r}")
-        if not math.isfinite(window):
-            raise ValueError(f"window must be a finite number, got {window!r}")
-        if not (math.isfinite(resolution) and resolution >= 0):
-            raise ValueError(f"resolution must be >= 0, got {resolution!r}")
-        self.tolerance = tolerance
-        self.resolution = resolution
-        self.window = window
-        self.limit = float(initial)
-        self._minimum = 1
-        self._maximum = 1
-        self.set_bounds(minimum, maximum)
-        self.best: float | None = None
-        self.last_latency: float | None = None
-        self.increase_count = 0
-        self.decrease_count = 0
-        self.overload_count = 0
-        self.rebaseline_count = 0
-        # The baseline and the recent answers per in-flight level (requests
-        # in flight when each request was sent) it is made of.
-        self._baseline = UnloadedBaseline()
-        # The answers a round needs before its majority means something.
-        self._round_size = 1
-        self._last_overload = -math.inf
-        # When the whole-number limit last went up: answers to requests sent
-        # before then tested the lower limit and do not raise it further.
-        self._raised_at = -math.inf
-        # The current round: answers to requests sent since its start.
-        self._round = Round()
-        # Whether the host itself changed speed (a new baseline).
-        self._speed = SpeedChange()
-        # The whole limit whose round was last slow, and when.
-        self._failed_level = 0
-        self._failed_at = -math.inf
-        self._slow_start = slow_start
-        # Probe rounds (BBR's ProbeRTT).
-        self._probe = ProbeRound(enabled=probe)
-
-    @property
-    def in_slow_start(self) -> bool:
-        """Whether the limit still doubles every round (no queue seen yet)."""
-        return self._slow_start
-
-    @property
-    def minimum(self) -> int:
-        """The floor of the limit (change it with :meth:`set_bounds`)."""
-        return self._minimum
-
-    @property
-    def maximum(self) -> int:
-        """The ceiling of the limit (change it with :meth:`set_bounds`)."""
-        return self._maximum
-
-    @property
-    def baseline(self) -> float | None:
-        """The baseline latency (same as ``best``): the unloaded median."""
-        return self.best
-
-    @property
-    def round_size(self) -> int:
-        """Answers a round needs at least (more on a noisier host)."""
-        return self._round_size
-
-    def set_bounds(self, minimum: int, maximum: int) -> None:
-        """Set the floor and ceiling and clamp the limit into them.
-
-        A minimum below 1 counts as 1 (a limit of 0 would never send again);
-        a maximum below the minimum counts as the minimum.
-        """
-        low = max(1, int(minimum))
-        high = max(low, int(maximum))
-        self._minimum = low
-        self._maximum = high
-        limit = self.limit
-        if limit > high:
-            self.limit = float(high)
-        # Negated so that a NaN limit ends at the floor too.
-        elif not limit >= low:
-            self.limit = float(low)
-
-    def current(self) -> int:
-        """The whole number of requests allowed in flight.
-
-        Half the limit during a probe (see :attr:`probing`).
-        """
-        limit = max(self._minimum, min(self._maximum, int(self.limit)))
-        if self._probe.started is not None:
-            return max(self._minimum, limit // 2)
-        return limit
-
-    @property
-    def probing(self) -> bool:
-        """Whether a probe round runs: half the limit for ``PROBE_SAMPLES``
-        answers, so that the baseline is made of unloaded answers."""
-        return self._probe.started is not None
-
-    def _start_probe(self, now: float) -> None:
-        if int(self.limit) // 2 < self._minimum or int(self.limit) < 2:
-            self._probe.postpone(now, self.window)
-            return
-        self._probe.begin(now)
-        self._note_limit(now)
+    __slots__ = ()
 
     def _end_probe(self, now: float) -> None:
-        probe = self._probe
-        started = probe.started
-        latencies = probe.latencies
-        if started is not None and 2 * len(latencies) >= PROBE_SAMPLES:
-            self._baseline.samples.supersede(started, self.current(), latencies)
-        probe.finish(now, self.window)
+        self._probe.end(now, self.window, self._baseline.samples, self.current())
         self._size_rounds()
         self._note_limit(now)
-        self._baseline.samples.dirty = True
 
     def on_sent(self, now: float, in_flight: int) -> None:
         """Note a request sent at *now* with *in_flight* requests of the scope
@@ -272,15 +117,6 @@ class LatencyLimit:
         time the request was sent.
         """
         self._baseline.load.on_sent(now, in_flight)
-
-    def _note_limit(self, now: float) -> None:
-        """Record the whole limit if it changed (for the load history)."""
-        self._baseline.load.note_limit(now, self.current())
-
-    def _threshold(self, best: float) -> float:
-        return max(best * self.tolerance, best + self.resolution)
-
-    # -- the baseline -----------------------------------------------------------
 
     def _update_baseline(self, now: float) -> None:
         """Recompute the baseline from the lowest in-flight levels."""
@@ -308,12 +144,11 @@ class LatencyLimit:
         self.best = baseline
         self._size_rounds()
         self._speed.reset()
-        # The host changed: what was too many before says nothing now.
-        self._failed_level = 0
+        self._plateau.forget()
         if slower:
             # Three decreases found nothing to fix: the limit the slower
             # host needs is found again by slow start.
-            self._slow_start = True
+            self._slow_start.restart()
         self.rebaseline_count += 1
 
     # -- answers ------------------------------------------------------------------
@@ -354,26 +189,22 @@ class LatencyLimit:
         threshold = self._threshold(best)
         if latency <= threshold:
             step = growth_step(latency, best, threshold)
-            if step < 1.0 and counted:
-                current_round.upper += 1
-            if (
-                step < 1.0
-                and self._slow_start
-                and current_round.queue_forming(steady=self._baseline.steady)
-            ):
-                self._slow_start = False
+            slow_start = self._slow_start
+            if step < 1.0:
+                if counted:
+                    current_round.upper += 1
+                slow_start.answered_high(current_round, steady=self._baseline.steady)
             # int(limit) is current(): the limit always lies within its bounds.
             if (
                 limit < self._maximum
                 and in_flight >= int(limit) - 1
-                and (self._slow_start or sent >= self._raised_at)
+                and (slow_start.active or sent >= self._raised_at)
             ):
                 grown = grown_limit(
                     limit,
                     step,
-                    slow_start=self._slow_start,
-                    plateau=int(limit) + 1 >= self._failed_level
-                    and now - self._failed_at <= self.window,
+                    slow_start=slow_start.active,
+                    plateau=self._plateau.near(limit, now, self.window),
                     maximum=self._maximum,
                 )
                 raised = int(grown) > int(limit)
@@ -383,17 +214,13 @@ class LatencyLimit:
                     self._note_limit(now)
                 self.increase_count += 1
             if counted:
-                current_round.fast += 1
-                current_round.latencies.append(latency)
+                current_round.add_fast(latency)
                 if 2 * current_round.fast > self._round_target():
                     self._end_round(now, slow=False)
         else:
             if counted:
                 current_round.upper += 1
-            if self._slow_start and current_round.queue_forming(
-                steady=self._baseline.steady
-            ):
-                self._slow_start = False
+            self._slow_start.answered_high(current_round, steady=self._baseline.steady)
             if counted:
                 self._count_slow(now, latency)
 
@@ -423,15 +250,12 @@ class LatencyLimit:
 
     def _count_slow(self, now: float, latency: float) -> None:
         current_round = self._round
-        current_round.slow += 1
-        current_round.latencies.append(latency)
-        target = self._round_target()
-        if 2 * current_round.slow >= target or (
-            latency > self._baseline.unloaded_max
-            and target >= FAR_RULE_TARGET
-            and current_round.recent_far_majority(
-                int(self.limit), self._baseline.unloaded_max
-            )
+        current_round.add_slow(latency)
+        if current_round.slow_majority(
+            latency,
+            self._round_target(),
+            int(self.limit),
+            self._baseline.unloaded_max,
         ):
             self._end_round(now, slow=True)
 
@@ -439,16 +263,11 @@ class LatencyLimit:
         current_round = self._round
         latencies = current_round.latencies
         if slow:
-            self._slow_start = False
-            limit = limit_before = self.limit
-            # x0.9, but at least one request less: at small limits a tenth
-            # is less than the +1 a round of growth adds back.
-            limit = limit * 0.9 if limit >= 10.0 else limit - 1.0
-            minimum = float(self._minimum)
-            self.limit = limit if limit > minimum else minimum
+            self._slow_start.end()
+            limit_before = self.limit
+            self.limit = lowered_limit(limit_before, self._minimum)
             self._note_limit(now)
-            self._failed_level = int(limit_before)
-            self._failed_at = now
+            self._plateau.failed(int(limit_before), now)
             self.decrease_count += 1
             slower = self._speed.after_slow_round(
                 latencies,
@@ -459,26 +278,23 @@ class LatencyLimit:
                 # latency down: the host is slower, not queueing our requests.
                 self._rebaseline(now, slower, latencies, slower=True)
         else:
-            best = self.best
-            values = self._speed.after_fast_round(now, self.window)
-            if best is not None and values is not None:
-                # Three quarters of them below the baseline (and beyond its
-                # noise): the host sped up (e.g. the end of a slowdown).
-                # Noise alone puts half of them there.
-                quartile = values[(3 * len(values)) // 4]
-                if quartile < best * self._baseline.speedup_factor(
-                    len(values), _SPEEDUP
-                ):
-                    self._rebaseline(now, lower_median(values), values)
+            values = self._speed.sped_up(
+                now, self.window, self.best, self._baseline.speedup_factor
+            )
+            if values is not None:
+                # The host sped up (e.g. the end of a slowdown).
+                self._rebaseline(now, lower_median(values), values)
             if self._baseline.samples.dirty:
                 self._update_baseline(now)
         current_round.start(now)
+        probe = self._probe
         if (
-            not self._slow_start
-            and self._probe.started is None
-            and now >= self._probe.next_at
+            not self._slow_start.active
+            and probe.started is None
+            and now >= probe.next_at
+            and probe.try_begin(now, int(self.limit), self._minimum, self.window)
         ):
-            self._start_probe(now)
+            self._note_limit(now)
 
     def on_overload(self, now: float) -> None:
         """Halve the limit on an explicit overload signal (429, 503, ...).
@@ -487,7 +303,7 @@ class LatencyLimit:
         count once); every overload starts a new round.
         """
         self.overload_count += 1
-        self._slow_start = False
+        self._slow_start.end()
         if now >= self._last_overload + (self.best or 0.0):
             self.limit = max(float(self._minimum), self.limit / 2)
             self._note_limit(now)
@@ -496,19 +312,3 @@ class LatencyLimit:
         self._speed.interrupted()
         if self._probe.started is not None:
             self._end_probe(now)
-
-    def snapshot(self) -> dict[str, float | int | None]:
-        """The state worth exporting per scope (the guide's diagnostic hook)."""
-        return {
-            "limit": self.limit,
-            "current": self.current(),
-            "best": self.best,
-            "minimum": self._minimum,
-            "maximum": self._maximum,
-        }
-
-    def __repr__(self) -> str:
-        return (
-            f"<LatencyLimit limit={self.limit:.2f} best={self.best}"
-            f" bounds=[{self._minimum}, {self._maximum}]>"
-        )

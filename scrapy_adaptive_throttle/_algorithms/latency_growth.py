@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["grown_limit", "growth_step"]
+__all__ = ["Plateau", "grown_limit", "growth_step"]
 
 #: Growth speed towards the level whose round was last slow.
 _NEAR_FAILED = 0.25
@@ -62,3 +62,32 @@ def grown_limit(
     if grown >= maximum:
         grown = float(maximum)
     return grown
+
+
+class Plateau:
+    """The whole limit whose round was last slow, and when (TCP CUBIC's
+    plateau, see :func:`grown_limit`).
+
+    Attributes: ``level`` (0: none, or the host changed speed since) and
+    ``at``.
+    """
+
+    __slots__ = ("at", "level")
+
+    def __init__(self) -> None:
+        self.level = 0
+        self.at = -math.inf
+
+    def failed(self, level: int, now: float) -> None:
+        """A round at the whole limit *level* was slow at *now*."""
+        self.level = level
+        self.at = now
+
+    def forget(self) -> None:
+        """The host changed speed: what was too many before says nothing."""
+        self.level = 0
+
+    def near(self, limit: float, now: float, window: float) -> bool:
+        """Whether *limit* grows towards the level last slow, within a
+        *window* of it."""
+        return int(limit) + 1 >= self.level and now - self.at <= window

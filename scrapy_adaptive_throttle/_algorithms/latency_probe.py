@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from .latency_baseline import LevelSamples
+
 __all__ = ["PROBE_SAMPLES", "ProbeRound"]
 
 #: Answers a probe round waits for (requests sent during it).
@@ -47,6 +49,15 @@ class ProbeRound:
     def postpone(self, now: float, window: float) -> None:
         """Try again in two windows (the limit is too small to halve)."""
         self.next_at = now + 2 * window
+
+    def try_begin(self, now: float, limit: int, minimum: int, window: float) -> bool:
+        """Start a probe round at *now* if the whole *limit* can be halved
+        above *minimum* (True), else try again in two windows."""
+        if limit // 2 < minimum or limit < 2:
+            self.postpone(now, window)
+            return False
+        self.begin(now)
+        return True
 
     def begin(self, now: float) -> None:
         """Start a probe round at *now*."""
@@ -90,3 +101,14 @@ class ProbeRound:
         self.latencies = []
         self.started = None
         self.next_at = now + 2 * window
+
+    def end(self, now: float, window: float, samples: LevelSamples, level: int) -> None:
+        """End the running probe: its answers (if at least half a probe's)
+        supersede the *samples* of its whole limit *level* sent since it
+        started, and the baseline is due again."""
+        started = self.started
+        latencies = self.latencies
+        if started is not None and 2 * len(latencies) >= PROBE_SAMPLES:
+            samples.supersede(started, level, latencies)
+        self.finish(now, window)
+        samples.dirty = True

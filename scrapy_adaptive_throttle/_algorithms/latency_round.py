@@ -47,7 +47,7 @@ import math
 
 from .latency_baseline import Z
 
-__all__ = ["FAR_RULE_TARGET", "Round", "round_size_for_noise"]
+__all__ = ["FAR_RULE_TARGET", "Round", "lowered_limit", "round_size_for_noise"]
 
 #: The largest number of answers a round may need.
 _MAX_ROUND = 64
@@ -79,6 +79,15 @@ def round_size_for_noise(slow_share: float) -> int:
     return min(_MAX_ROUND, math.ceil(size))
 
 
+def lowered_limit(limit: float, minimum: int) -> float:
+    """The limit after a slow round: x0.9, but at least one request less (at
+    small limits a tenth is less than the +1 a round of growth adds back),
+    and never below *minimum*."""
+    limit = limit * 0.9 if limit >= 10.0 else limit - 1.0
+    floor = float(minimum)
+    return limit if limit > floor else floor
+
+
 class Round:
     """The answers of the current round: to requests sent since ``mark``.
 
@@ -102,6 +111,30 @@ class Round:
         self.mark = now
         self.fast = self.slow = self.upper = 0
         self.latencies = []
+
+    def add_fast(self, latency: float) -> None:
+        """Count an answer within the threshold."""
+        self.fast += 1
+        self.latencies.append(latency)
+
+    def add_slow(self, latency: float) -> None:
+        """Count an answer above the threshold."""
+        self.slow += 1
+        self.latencies.append(latency)
+
+    def slow_majority(
+        self, latency: float, target: int, limit: int, unloaded_max: float
+    ) -> bool:
+        """Whether the slow answer just counted (*latency*) ends the round
+        slow: half of *target* answers are slow, or (for rounds of
+        ``FAR_RULE_TARGET`` answers and more) most of the last ones are
+        slower than *unloaded_max*, the slowest answer of the baseline's pool
+        (see :meth:`recent_far_majority`)."""
+        return 2 * self.slow >= target or (
+            latency > unloaded_max
+            and target >= FAR_RULE_TARGET
+            and self.recent_far_majority(limit, unloaded_max)
+        )
 
     def queue_forming(self, *, steady: bool) -> bool:
         """Whether a queue is forming: on a *steady* host one answer in the

@@ -23,6 +23,8 @@ that the host itself changed speed:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .latency_baseline import lower_median
 
 __all__ = ["SPEEDUP_SAMPLES", "SpeedChange"]
@@ -35,6 +37,9 @@ _FLAT = 0.95
 _FLAT_ROUNDS = 2
 #: Answers of rounds without a decrease needed to tell a host that sped up.
 SPEEDUP_SAMPLES = 16
+#: Those answers must be at least this much faster than the baseline (and
+#: beyond its noise) to count as the host having sped up.
+_SPEEDUP = 0.9
 
 
 class SpeedChange:
@@ -105,3 +110,21 @@ class SpeedChange:
             return None
         self._faster = []
         return sorted(latency for _, latency in faster)
+
+    def sped_up(
+        self,
+        now: float,
+        window: float,
+        best: float | None,
+        factor: Callable[[int, float], float],
+    ) -> list[float] | None:
+        """A round ended without a decrease: the sorted answers since the
+        last slow round when three quarters of them are below the baseline
+        *best* times ``factor(len(answers), 0.9)`` (beyond its noise; noise
+        alone puts half of them there), else None (see
+        :meth:`after_fast_round`)."""
+        values = self.after_fast_round(now, window)
+        if best is None or values is None:
+            return None
+        quartile = values[(3 * len(values)) // 4]
+        return values if quartile < best * factor(len(values), _SPEEDUP) else None
