@@ -21,7 +21,10 @@ port (persistence off) and fresh simulated hosts per run:
     pages/s at the server (200s over first arrival to last answer), over
     A's capacity probed on this machine with exactly 8 in flight. ``--limits``
     (default 8 and 16) gives the scope concurrencies to run: 8 is A's
-    workers, 16 leaves room for Scrapy's turnaround within A's queue.
+    workers, 16 leaves room for Scrapy's turnaround within A's queue; with
+    ``--adaptive`` (the default), also the add-on's latency-adaptive limit
+    (its defaults, ``CONCURRENT_REQUESTS_PER_DOMAIN = 32`` as its ceiling),
+    which the shared state makes one limit across the processes.
 
 Ratios only mean something within one run (2 shared cores); note ``uptime``
 with the figures.
@@ -46,6 +49,10 @@ from bench.run import ADDON, HOST_A, HOST_B, PLAIN_SCOPE_MANAGER
 from simhosts import SimHosts
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: The ceiling of the adaptive runs of the processes part (as the overhead
+#: part's CONCURRENT_REQUESTS_PER_DOMAIN): room above A's 8 workers.
+ADAPTIVE_CEILING = 32
 
 
 class Redis:
@@ -123,15 +130,18 @@ def overhead(
 
 
 def crawl_processes(
-    redis_url: str | None, processes: int, pages: int, limit: int
+    redis_url: str | None, processes: int, pages: int, limit: int | None
 ) -> dict[str, Any]:
+    """*processes* crawling host A at once; *limit* None: the add-on's
+    adaptive limit (ceiling CONCURRENT_REQUESTS_PER_DOMAIN = ADAPTIVE_CEILING)."""
     with SimHosts([HOST_A]) as hosts:
         base = hosts.url("A", "").rstrip("/")
-        settings: dict[str, Any] = {
-            "ADDONS": ADDON,
-            "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
-            "THROTTLING_SCOPES": {hosts.netloc("A"): {"concurrency": limit}},
-        }
+        settings: dict[str, Any] = {"ADDONS": ADDON}
+        if limit is None:
+            settings["CONCURRENT_REQUESTS_PER_DOMAIN"] = ADAPTIVE_CEILING
+        else:
+            settings["THROTTLING_SCOPE_MANAGER"] = PLAIN_SCOPE_MANAGER
+            settings["THROTTLING_SCOPES"] = {hosts.netloc("A"): {"concurrency": limit}}
         if redis_url is not None:
             settings["THROTTLING_STATE_URL"] = redis_url
             settings["THROTTLING_STATE_PROCESSES"] = processes
@@ -216,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
         default="8,16",
         help="scope concurrencies of the processes part, comma-separated",
     )
+    parser.add_argument(
+        "--adaptive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="processes part: also the add-on's adaptive limit (defaults, "
+        f"CONCURRENT_REQUESTS_PER_DOMAIN = {ADAPTIVE_CEILING}), shared and not",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer pages")
     parser.add_argument(
         "--fixed",
@@ -263,11 +280,18 @@ def main(argv: list[str] | None = None) -> int:
                 "| 503s | Redis commands / request |"
             )
             print("|---|---|---|---|---|---|---|")
-            runs = [
+            shared_or_not = (("shared (Redis)", redis.url), ("independent", None))
+            runs: list[tuple[str, str | None, int | None]] = [
                 (f"{name}, concurrency {limit}", url, int(limit))
                 for limit in args.limits.split(",")
-                for name, url in (("shared (Redis)", redis.url), ("independent", None))
+                if limit
+                for name, url in shared_or_not
             ]
+            if args.adaptive:
+                runs += [
+                    (f"{name}, adaptive (add-on defaults)", url, None)
+                    for name, url in shared_or_not
+                ]
             for name, url, limit in runs:
                 redis.flush()
                 time.sleep(0.5)

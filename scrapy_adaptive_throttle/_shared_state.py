@@ -52,6 +52,7 @@ from ._redis_client import (
 from ._redis_scripts import ACQUIRE_SCRIPT, ADOPT_SCRIPT, HOLD_SCRIPT, RELEASE_SCRIPT
 from ._settings import report_invalid_setting
 from ._shared_connection import ScopeCheck, SharedConnection, fallback_check
+from ._shared_limit import AdaptiveScopes
 from ._shared_state_settings import LEASE_MARGIN, SharedStateSettings
 
 if TYPE_CHECKING:
@@ -79,6 +80,9 @@ __all__ = [
 #: Seconds between two looks at a scope whose leases are all held by other
 #: processes (nothing in this process will release one and wake it).
 RECHECK_INTERVAL = 0.02
+
+#: The keys of a scope a check reads or writes, in the check script's order.
+SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit")
 
 
 class SharedState(SharedConnection):
@@ -119,6 +123,10 @@ class SharedState(SharedConnection):
         #: Every reserved request: its lease token (``None``: reserved during
         #: a fallback, not leased) and scopes.
         self._leases: dict[Request, tuple[str | None, tuple[ScopeID, ...]]] = {}
+        #: The latency-adaptive scopes: one limit per scope across processes.
+        self.adaptive = AdaptiveScopes(
+            self, self._key, schedule, lambda: self._releases.add([])
+        )
 
     @classmethod
     def from_crawler(
@@ -142,6 +150,7 @@ class SharedState(SharedConnection):
 
             state = cls(config, clock=clock, stats=crawler.stats, schedule=call_later)
             state.ping()
+            state.adaptive.install(crawler)
         except SharedStateUnavailableError as exc:
             report_invalid_setting(exc)
             raise
@@ -179,23 +188,27 @@ class SharedState(SharedConnection):
         if not self.sharing and not self._reconnect():
             return fallback_check(scopes, self.config.processes)
         releases = self._releases.take()
+        samples = self.adaptive.take_samples()
         keys = [key for key, _ in releases]
         args: list[Any] = [token := self._new_token(), self._ttl, len(releases)]
-        args += (released for _, released in releases)
+        args += (len(samples), *(released for _, released in releases))
+        for samples_key, lease_key, sample in samples:
+            keys += (samples_key, lease_key)
+            args.append(sample)
+        ceiling = self.adaptive.ceiling
         for scope_id, limit, _, spacing in scopes:
-            keys += (
-                self._key("lease", scope_id),
-                self._key("next", scope_id),
-                self._key("hold", scope_id),
-            )
+            keys += (self._key(kind, scope_id) for kind in SCOPE_KEYS)
             args += (
                 -1 if limit is None else limit,
                 max(0, round(spacing * 1e6)),
+                ceiling(scope_id),
             )
         try:
-            status, wait = self._call(self._acquire, keys, args)
+            status, wait, *limits = self._call(self._acquire, keys, args)
         except RedisFailure:
             return fallback_check(scopes, self.config.processes)
+        for (scope_id, *_), value in zip(scopes, limits, strict=True):
+            self.adaptive.published(scope_id, int(value))
         if status == 1:
             self._pending = (tuple(scope for scope, *_ in scopes), token)
             return 0.0, None
@@ -253,13 +266,19 @@ class SharedState(SharedConnection):
         )
 
     def flush_releases(self) -> None:
-        """Send the releases not sent yet."""
-        if not self._releases.pending or not self.sharing:
+        """Send the releases (and latency samples) not sent yet."""
+        if not self.sharing or not (self._releases.pending or self.adaptive.samples):
             return
         releases = self._releases.take()
+        samples = self.adaptive.take_samples()
         keys = [key for key, _ in releases]
+        args: list[Any] = [len(releases), len(samples)]
+        args += (token for _, token in releases)
+        for samples_key, lease_key, sample in samples:
+            keys += (samples_key, lease_key)
+            args.append(sample)
         with suppress(RedisFailure):
-            self._call(self._release, keys, [token for _, token in releases])
+            self._call(self._release, keys, args)
 
     def drop_pending(self) -> None:
         """Free the lease of the last check if no request claimed it (e.g. a
@@ -287,14 +306,17 @@ class SharedState(SharedConnection):
             self.release(request)
         self.flush_releases()
         self._releases.cancel()
+        self.adaptive.close()
         with suppress(Exception):
             self._client.close()
 
     # -- faults (see SharedConnection) ---------------------------------------
 
     def _forget_unsent(self) -> None:
-        # Releases not sent: their leases expire with their TTL.
+        # Releases not sent: their leases expire with their TTL; samples
+        # not sent are lost (the fallback adapts on its own samples).
         self._releases.take()
+        self.adaptive.take_samples()
 
     def _resume(self) -> int:
         in_flight = []
