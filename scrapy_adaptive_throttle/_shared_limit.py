@@ -65,6 +65,9 @@ LEADER_INTERVAL = 0.1
 LEADER_TTL = 1.0
 #: Seconds a published limit outlives its last publication.
 LIMIT_TTL = 5.0
+#: Seconds after its last send or answer in this process that a scope
+#: still takes part in this process's leads.
+ACTIVE_FOR = 2.0
 
 #: The shared state of each crawler with :setting:`THROTTLING_STATE_URL`.
 _SHARED: weakref.WeakKeyDictionary[Crawler, AdaptiveScopes] = (
@@ -81,7 +84,7 @@ class SharedAdaptiveLimit(AdaptiveLimit):
     :class:`~._algorithms.concurrency.AdaptiveLimit`.
     """
 
-    __slots__ = ("__weakref__", "_scopes", "published", "scope_id")
+    __slots__ = ("__weakref__", "_scopes", "active_at", "published", "scope_id")
 
     def __init__(
         self,
@@ -97,6 +100,8 @@ class SharedAdaptiveLimit(AdaptiveLimit):
         self._scopes = scopes
         #: The limit last published for the scope (``None``: none yet).
         self.published: int | None = None
+        #: When this process last sent or heard from the scope (its clock).
+        self.active_at = scopes.now()
         scopes.register(self)
 
     @property
@@ -112,11 +117,13 @@ class SharedAdaptiveLimit(AdaptiveLimit):
         return max(1, min(published, self.ceiling))
 
     def on_sent(self, now: float, in_flight: int) -> None:
+        self.active_at = now
         if self._scopes.sharing:
             return  # the check that admitted it recorded the send in Redis
         super().on_sent(now, in_flight)
 
     def on_overload(self, now: float) -> None:
+        self.active_at = now
         if self._scopes.sharing:
             self._scopes.add_sample(self.scope_id, "o", 0.0)
             return
@@ -125,6 +132,7 @@ class SharedAdaptiveLimit(AdaptiveLimit):
     def on_response(
         self, now: float, latency: float, in_flight: int, *, error: bool
     ) -> bool:
+        self.active_at = now
         if not self._scopes.sharing:
             return super().on_response(now, latency, in_flight, error=error)
         self._scopes.add_sample(self.scope_id, "e" if error else "r", latency)
@@ -200,6 +208,9 @@ class AdaptiveScopes:
     def sharing(self) -> bool:
         return self._connection.sharing
 
+    def now(self) -> float:
+        return self._connection._clock()
+
     def register(self, limit: SharedAdaptiveLimit) -> None:
         self.limits[limit.scope_id] = limit
         if self._schedule is not None and self._timer is None and not self._closed:
@@ -245,7 +256,14 @@ class AdaptiveScopes:
         of the scopes led to their limits and publish them (one round trip)."""
         if not self.sharing or not self.limits:
             return
-        limits = list(self.limits.values())
+        # Only the scopes this process used lately: a broad crawl's idle
+        # scopes cost nothing, and the lead of a scope moves to a process
+        # that uses it (the others take it 1 s after this one stops).
+        since = self.now() - ACTIVE_FOR
+        limits = [limit for limit in self.limits.values() if limit.active_at >= since]
+        self.leading.intersection_update(limit.scope_id for limit in limits)
+        if not limits:
+            return
         keys: list[str] = []
         args: list[Any] = [
             self._id,

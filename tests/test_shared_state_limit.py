@@ -17,6 +17,7 @@ import pytest
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
 from scrapy_adaptive_throttle._algorithms.concurrency import AdaptiveLimit
 from scrapy_adaptive_throttle._shared_limit import (
+    ACTIVE_FOR,
     LEADER_TTL,
     SharedAdaptiveLimit,
     share_limit,
@@ -119,6 +120,22 @@ def test_the_lead_is_taken_over_when_the_leader_stops(redis_server, prefix):
     first.adaptive.lead()
     assert first.adaptive.leading == set()
     assert kept
+
+
+def test_a_scope_idle_in_a_process_is_not_led_by_it(redis_server, prefix):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    one, two = adaptive(first), adaptive(second)
+    first.adaptive.lead()
+    assert first.adaptive.leading == {SCOPE}
+    # The leader stops using the scope: it leaves the lead, which the
+    # process that still uses it takes once it expires.
+    one.active_at = time.monotonic() - ACTIVE_FOR - 1
+    first.adaptive.lead()
+    assert first.adaptive.leading == set()
+    time.sleep(LEADER_TTL + 0.1)
+    two.on_sent(time.monotonic(), 1)
+    second.adaptive.lead()
+    assert second.adaptive.leading == {SCOPE}
 
 
 def test_every_key_of_the_shared_limit_expires(redis_server, prefix):
