@@ -21,7 +21,10 @@ port (persistence off) and fresh simulated hosts per run:
     pages/s at the server (200s over first arrival to last answer), over
     A's capacity probed on this machine with exactly 8 in flight. ``--limits``
     (default 8 and 16) gives the scope concurrencies to run: 8 is A's
-    workers, 16 leaves room for Scrapy's turnaround within A's queue.
+    workers, 16 leaves room for Scrapy's turnaround within A's queue; with
+    ``--adaptive`` (the default), also the add-on's latency-adaptive limit
+    (its defaults, ``CONCURRENT_REQUESTS_PER_DOMAIN = 32`` as its ceiling),
+    which the shared state makes one limit across the processes.
 
 Ratios only mean something within one run (2 shared cores); note ``uptime``
 with the figures.
@@ -46,6 +49,13 @@ from bench.run import ADDON, HOST_A, HOST_B, PLAIN_SCOPE_MANAGER
 from simhosts import SimHosts
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Seconds of server time after which the API part counts as converged (as
+#: in bench.ratelimit).
+CONVERGED_AFTER = 10.0
+
+#: The ceiling of the adaptive runs of the processes part (as the overhead
+#: part's CONCURRENT_REQUESTS_PER_DOMAIN): room above A's 8 workers.
+ADAPTIVE_CEILING = 32
 
 
 class Redis:
@@ -123,15 +133,23 @@ def overhead(
 
 
 def crawl_processes(
-    redis_url: str | None, processes: int, pages: int, limit: int
+    redis_url: str | None,
+    processes: int,
+    pages: int,
+    limit: int | None,
+    host: dict[str, Any] = HOST_A,
 ) -> dict[str, Any]:
-    with SimHosts([HOST_A]) as hosts:
+    """*processes* crawling *host* (named A) at once; *limit* None: the
+    add-on's adaptive limit (ceiling CONCURRENT_REQUESTS_PER_DOMAIN =
+    ADAPTIVE_CEILING)."""
+    with SimHosts([host]) as hosts:
         base = hosts.url("A", "").rstrip("/")
-        settings: dict[str, Any] = {
-            "ADDONS": ADDON,
-            "THROTTLING_SCOPE_MANAGER": PLAIN_SCOPE_MANAGER,
-            "THROTTLING_SCOPES": {hosts.netloc("A"): {"concurrency": limit}},
-        }
+        settings: dict[str, Any] = {"ADDONS": ADDON}
+        if limit is None:
+            settings["CONCURRENT_REQUESTS_PER_DOMAIN"] = ADAPTIVE_CEILING
+        else:
+            settings["THROTTLING_SCOPE_MANAGER"] = PLAIN_SCOPE_MANAGER
+            settings["THROTTLING_SCOPES"] = {hosts.netloc("A"): {"concurrency": limit}}
         if redis_url is not None:
             settings["THROTTLING_STATE_URL"] = redis_url
             settings["THROTTLING_STATE_PROCESSES"] = processes
@@ -194,19 +212,63 @@ def crawl_processes(
     commands = sum(
         r["stats"].get("throttling/shared_state/command_count", 0) for r in results
     )
+    late = [record for record in stats["arrivals"] if record[0] >= CONVERGED_AFTER]
+    # Server time (seconds from the first arrival), as the records are.
+    last = max(end for _, end in ok) - stats["first_arrival_epoch"]
+    late_span = last - CONVERGED_AFTER
     return {
         "pages": len(ok),
         "pages_per_second": len(ok) / span,
+        "late_pages_per_second": (
+            sum(1 for record in late if record[3] == 200) / late_span
+            if late_span > 0
+            else None
+        ),
+        "late_429_per_10s": (
+            10 * sum(1 for record in late if record[3] == 429) / late_span
+            if late_span > 0
+            else None
+        ),
+        "429": sum(1 for record in stats["arrivals"] if record[3] == 429),
         "max_in_service": max_in_service([stats]),
         "503": sum(1 for record in stats["arrivals"] if record[3] == 503),
         "commands_per_request": commands / len(stats["arrivals"]) if commands else None,
     }
 
 
+def api(redis: Redis, processes: int, pages: int, rate: float) -> None:
+    """The rate-limited API crawled by *processes* processes, shared or not."""
+    host = {"name": "A", "kind": "ratelimit", "rate": rate, "service_time": 0.01}
+    print(
+        f"\n## {processes} processes, a rate-limited API (R = {rate:g} requests/s "
+        "in any sliding second, 429 + Retry-After: 1 beyond); add-on defaults, "
+        f"CONCURRENT_REQUESTS_PER_DOMAIN = {ADAPTIVE_CEILING}"
+    )
+    print(
+        "| configuration | pages | pages/s / R | after 10 s: pages/s / R "
+        "| 429s | after 10 s: 429s per 10 s | Redis commands / request |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, url in (("shared (Redis)", redis.url), ("independent", None)):
+        redis.flush()
+        time.sleep(0.5)
+        result = crawl_processes(url, processes, pages, None, host)
+        commands = result["commands_per_request"]
+        late = result["late_pages_per_second"]
+        late_429 = result["late_429_per_10s"]
+        print(
+            f"| {name} | {result['pages']} | "
+            f"{result['pages_per_second'] / rate:.3f} | "
+            f"{'-' if late is None else f'{late / rate:.3f}'} | {result['429']} | "
+            f"{'-' if late_429 is None else f'{late_429:.2f}'} | "
+            f"{'-' if commands is None else f'{commands:.2f}'} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--part", choices=["overhead", "processes", "all"], default="all"
+        "--part", choices=["overhead", "processes", "api", "all"], default="all"
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--processes", type=int, default=4)
@@ -216,6 +278,17 @@ def main(argv: list[str] | None = None) -> int:
         default="8,16",
         help="scope concurrencies of the processes part, comma-separated",
     )
+    parser.add_argument(
+        "--adaptive",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="processes part: also the add-on's adaptive limit (defaults, "
+        f"CONCURRENT_REQUESTS_PER_DOMAIN = {ADAPTIVE_CEILING}), shared and not",
+    )
+    parser.add_argument(
+        "--rate", type=float, default=50.0, help="api part: the API's R, requests/s"
+    )
+    parser.add_argument("--api-pages", type=int, default=2500)
     parser.add_argument("--quick", action="store_true", help="fewer pages")
     parser.add_argument(
         "--fixed",
@@ -263,11 +336,18 @@ def main(argv: list[str] | None = None) -> int:
                 "| 503s | Redis commands / request |"
             )
             print("|---|---|---|---|---|---|---|")
-            runs = [
+            shared_or_not = (("shared (Redis)", redis.url), ("independent", None))
+            runs: list[tuple[str, str | None, int | None]] = [
                 (f"{name}, concurrency {limit}", url, int(limit))
                 for limit in args.limits.split(",")
-                for name, url in (("shared (Redis)", redis.url), ("independent", None))
+                if limit
+                for name, url in shared_or_not
             ]
+            if args.adaptive:
+                runs += [
+                    (f"{name}, adaptive (add-on defaults)", url, None)
+                    for name, url in shared_or_not
+                ]
             for name, url, limit in runs:
                 redis.flush()
                 time.sleep(0.5)
@@ -280,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{result['max_in_service']} | {result['503']} | "
                     f"{'-' if commands is None else f'{commands:.2f}'} |"
                 )
+        if args.part in ("api", "all"):
+            api(redis, args.processes, args.api_pages, args.rate)
     finally:
         redis.close()
     return 0

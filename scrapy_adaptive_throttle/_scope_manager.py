@@ -25,6 +25,7 @@ from ._clock import MONOTONIC_CLOCK
 from ._scope import Scope
 from ._scope_state import LocalScopeStore, ScopeStore
 from ._settings import ScopeSettings, ThrottlingSettings
+from ._shared_limit import share_limit
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -69,7 +70,10 @@ class ThrottlingScopeManager:
         parts = self.state_store.parts(self.id, settings)
         rampup = self._build_rampup(parts.backoff.base_delay)
         ceiling = settings.concurrency if rampup is None else rampup.concurrency
-        limit = self.build_limit(ceiling)
+        # With THROTTLING_STATE_URL, an adaptive limit is one across processes.
+        limit = share_limit(
+            crawler, self.id, self.build_limit(ceiling), self._total_concurrency
+        )
         if rampup is not None:
             limit = RampupLimit(rampup, limit)
         self.scope = Scope(

@@ -42,17 +42,17 @@ from typing import TYPE_CHECKING, Any
 from ._redis_client import (
     RECONNECT_MIN_DELAY,
     RELEASE_BATCH_DELAY,
-    Reconnection,
     RedisFailure,
     ReleaseBatch,
     SharedStateUnavailableError,
     connect,
-    is_redis_error,
     redact_url,
     unreachable,
 )
 from ._redis_scripts import ACQUIRE_SCRIPT, ADOPT_SCRIPT, HOLD_SCRIPT, RELEASE_SCRIPT
 from ._settings import report_invalid_setting
+from ._shared_connection import ScopeCheck, SharedConnection, fallback_check
+from ._shared_limit import AdaptiveScopes
 from ._shared_state_settings import LEASE_MARGIN, SharedStateSettings
 
 if TYPE_CHECKING:
@@ -81,20 +81,18 @@ __all__ = [
 #: processes (nothing in this process will release one and wake it).
 RECHECK_INTERVAL = 0.02
 
-#: A scope of a check: its id, its limit now (``None``: none), how many
-#: requests of it this process has in flight, and the spacing its next send
-#: starts (seconds).
-ScopeCheck = tuple["ScopeID", "int | None", int, float]
+#: The keys of a scope a check reads or writes, in the check script's order.
+SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit")
 
 
-class SharedState:
+class SharedState(SharedConnection):
     """The Redis side of the scope state of one crawler process.
 
     :meth:`check` admits a send and takes its lease in one round trip,
     :meth:`claim` ties that lease to the request reserved right after it,
     :meth:`release` frees it, :meth:`hold` shares a backoff hold. Any Redis
     error switches to the fallback (:attr:`sharing` false) until a
-    reconnection succeeds.
+    reconnection succeeds (see :class:`SharedConnection`).
     """
 
     def __init__(
@@ -106,17 +104,13 @@ class SharedState:
         stats: Any = None,
         schedule: Callable[[float, Callable[[], None]], Any] | None = None,
     ) -> None:
-        assert config.url is not None
-        self.config = config
-        self.url = redact_url(config.url)
-        self._clock = clock
-        self._stats = stats
+        if client is None:
+            assert config.url is not None
+            client = connect(config.url)
+        super().__init__(config, client, clock, stats)
         #: Releases not sent yet; *schedule* (Scrapy's ``call_later``) sends
         #: them on their own if no check takes them first.
         self._releases = ReleaseBatch(self.flush_releases, schedule)
-        if client is None:
-            client = connect(config.url)
-        self._client = client
         self._acquire = client.register_script(ACQUIRE_SCRIPT)
         self._adopt = client.register_script(ADOPT_SCRIPT)
         self._release = client.register_script(RELEASE_SCRIPT)
@@ -129,12 +123,10 @@ class SharedState:
         #: Every reserved request: its lease token (``None``: reserved during
         #: a fallback, not leased) and scopes.
         self._leases: dict[Request, tuple[str | None, tuple[ScopeID, ...]]] = {}
-        #: Whether Redis answers (else: in-process fallback limits).
-        self.sharing = True
-        self._reconnection = Reconnection(clock)
-        #: Round trips to Redis (also the ``throttling/shared_state/command_count``
-        #: stat).
-        self.commands = 0
+        #: The latency-adaptive scopes: one limit per scope across processes.
+        self.adaptive = AdaptiveScopes(
+            self, self._key, schedule, lambda: self._releases.add([])
+        )
 
     @classmethod
     def from_crawler(
@@ -158,6 +150,7 @@ class SharedState:
 
             state = cls(config, clock=clock, stats=crawler.stats, schedule=call_later)
             state.ping()
+            state.adaptive.install(crawler)
         except SharedStateUnavailableError as exc:
             report_invalid_setting(exc)
             raise
@@ -170,13 +163,6 @@ class SharedState:
             config.processes,
         )
         return state
-
-    def ping(self) -> None:
-        """Check that Redis answers; raise :exc:`SharedStateUnavailableError`."""
-        try:
-            self._client.ping()
-        except Exception as exc:
-            raise unreachable(self.url, exc) from None
 
     # -- keys -------------------------------------------------------------
 
@@ -202,23 +188,27 @@ class SharedState:
         if not self.sharing and not self._reconnect():
             return fallback_check(scopes, self.config.processes)
         releases = self._releases.take()
+        samples = self.adaptive.take_samples()
         keys = [key for key, _ in releases]
         args: list[Any] = [token := self._new_token(), self._ttl, len(releases)]
-        args += (released for _, released in releases)
+        args += (len(samples), *(released for _, released in releases))
+        for samples_key, lease_key, sample in samples:
+            keys += (samples_key, lease_key)
+            args.append(sample)
+        ceiling = self.adaptive.ceiling
         for scope_id, limit, _, spacing in scopes:
-            keys += (
-                self._key("lease", scope_id),
-                self._key("next", scope_id),
-                self._key("hold", scope_id),
-            )
+            keys += (self._key(kind, scope_id) for kind in SCOPE_KEYS)
             args += (
                 -1 if limit is None else limit,
                 max(0, round(spacing * 1e6)),
+                ceiling(scope_id),
             )
         try:
-            status, wait = self._call(self._acquire, keys, args)
+            status, wait, *limits = self._call(self._acquire, keys, args)
         except RedisFailure:
             return fallback_check(scopes, self.config.processes)
+        for (scope_id, *_), value in zip(scopes, limits, strict=True):
+            self.adaptive.published(scope_id, int(value))
         if status == 1:
             self._pending = (tuple(scope for scope, *_ in scopes), token)
             return 0.0, None
@@ -276,13 +266,19 @@ class SharedState:
         )
 
     def flush_releases(self) -> None:
-        """Send the releases not sent yet."""
-        if not self._releases.pending or not self.sharing:
+        """Send the releases (and latency samples) not sent yet."""
+        if not self.sharing or not (self._releases.pending or self.adaptive.samples):
             return
         releases = self._releases.take()
+        samples = self.adaptive.take_samples()
         keys = [key for key, _ in releases]
+        args: list[Any] = [len(releases), len(samples)]
+        args += (token for _, token in releases)
+        for samples_key, lease_key, sample in samples:
+            keys += (samples_key, lease_key)
+            args.append(sample)
         with suppress(RedisFailure):
-            self._call(self._release, keys, [token for _, token in releases])
+            self._call(self._release, keys, args)
 
     def drop_pending(self) -> None:
         """Free the lease of the last check if no request claimed it (e.g. a
@@ -310,60 +306,19 @@ class SharedState:
             self.release(request)
         self.flush_releases()
         self._releases.cancel()
+        self.adaptive.close()
         with suppress(Exception):
             self._client.close()
 
-    # -- faults -----------------------------------------------------------
+    # -- faults (see SharedConnection) ---------------------------------------
 
-    def _count_command(self) -> None:
-        self.commands += 1
-        if self._stats is not None:
-            self._stats.inc_value("throttling/shared_state/command_count")
-
-    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        self._count_command()
-        try:
-            return script(keys=keys, args=args)
-        except Exception as exc:
-            if not is_redis_error(exc):
-                raise
-            self._lost(exc)
-            raise RedisFailure from exc
-
-    def _lost(self, error: BaseException) -> None:
-        # Releases not sent: their leases expire with their TTL.
+    def _forget_unsent(self) -> None:
+        # Releases not sent: their leases expire with their TTL; samples
+        # not sent are lost (the fallback adapts on its own samples).
         self._releases.take()
-        if self.sharing:
-            self.sharing = False
-            if self._stats is not None:
-                self._stats.inc_value("throttling/shared_state/fallback_count")
-            logger.log(
-                self._reconnection.lost(),
-                "Lost the shared throttling state at %s (THROTTLING_STATE_URL): "
-                "%s: %s. Falling back to in-process limits (each scope's limit "
-                "divided by THROTTLING_STATE_PROCESSES = %d) until Redis answers "
-                "again.",
-                self.url,
-                type(error).__name__,
-                error,
-                self.config.processes,
-            )
-        self._reconnection.failed()
+        self.adaptive.take_samples()
 
-    def _reconnect(self) -> bool:
-        """Try Redis again if the backoff allows; lease again what is in
-        flight (Redis may have restarted empty). Whether sharing resumed."""
-        if not self._reconnection.due():
-            return False
-        self._count_command()
-        try:
-            self._client.ping()
-        except Exception as exc:
-            if not is_redis_error(exc):
-                raise
-            self._reconnection.failed()
-            return False
-        self.sharing = True
+    def _resume(self) -> int:
         in_flight = []
         for request, (held, scopes) in list(self._leases.items()):
             if not scopes:
@@ -371,19 +326,8 @@ class SharedState:
             token = held if held is not None else self._new_token()
             self._leases[request] = (token, scopes)
             in_flight.append((token, scopes))
-        try:
-            self._lease_in_flight(in_flight)
-        except RedisFailure:
-            return False
-        if self._stats is not None:
-            self._stats.inc_value("throttling/shared_state/reconnect_count")
-        logger.info(
-            "Reconnected to the shared throttling state at %s: limits are shared "
-            "again (%d request(s) in flight leased again)",
-            self.url,
-            len(in_flight),
-        )
-        return True
+        self._lease_in_flight(in_flight)
+        return len(in_flight)
 
     def _lease_in_flight(self, entries: list[tuple[str, tuple[ScopeID, ...]]]) -> None:
         keys: list[str] = []
@@ -397,14 +341,3 @@ class SharedState:
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}:{next(self._tokens)}"
-
-
-def fallback_check(
-    scopes: Sequence[ScopeCheck], processes: int
-) -> tuple[float, ScopeID | None]:
-    """``(wait, blocked)`` without Redis: each process keeps to its share of
-    each scope's limit (the limit divided by *processes*, at least 1)."""
-    for scope_id, limit, in_flight, _ in scopes:
-        if limit is not None and in_flight >= max(1, limit // processes):
-            return 0.0, scope_id
-    return 0.0, None

@@ -1,0 +1,308 @@
+"""One latency-adaptive limit per scope, fed by every process's samples.
+
+Without sharing, each process's
+:class:`~._algorithms.concurrency.AdaptiveLimit` sees only its own requests
+in flight and its own answers, so four processes each settle at what the
+host allows one of them, and together load it four times over. With
+:setting:`THROTTLING_STATE_URL`, an adaptive scope's strategy is a
+:class:`SharedAdaptiveLimit` instead:
+
+* every process sends its samples to Redis, in round trips it makes anyway:
+  the check that admits a send appends an ``s`` sample (the scope's leases,
+  i.e. its requests in flight across processes, just after the send), and a
+  response's latency (or an overload) goes out with the next check or
+  release, stamped with the server's time and the scope's leases then;
+  the list is capped (:data:`~._redis_scripts.SAMPLES_CAP`) and expires;
+* one process per scope leads it (a key taken with ``SET NX PX``, renewed
+  every :data:`LEADER_INTERVAL`, taken over by another process once it
+  expires): every :data:`LEADER_INTERVAL` it drains the samples of every
+  process into its own limit, through
+  :class:`~._algorithms.concurrency.AdaptiveLimit`'s public methods (so the
+  rule sees the *global* in-flight count), and publishes the limit;
+* the check script enforces the published limit on the scope's leases, for
+  every process (capped by each process's own ceiling).
+
+So the host sees one adaptive limit, whatever the number of processes. A
+scope no process leads yet (or whose published limit expired) is limited by
+the asking process's own limit. While Redis is lost, each process adapts on
+its own samples again and keeps to its share of its own limit (the limit
+divided by :setting:`THROTTLING_STATE_PROCESSES`). A process that takes the
+lead over starts from its own limit (the algorithm's state is not copied).
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from collections.abc import Callable
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+from ._algorithms.concurrency import AdaptiveLimit, ConcurrencyLimit
+from ._redis_client import RedisFailure
+from ._redis_scripts import LEADER_SCRIPT
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+    from ._algorithms import LatencyLimit
+    from ._shared_connection import SharedConnection
+    from ._types import ScopeID
+
+__all__ = [
+    "LEADER_INTERVAL",
+    "LEADER_TTL",
+    "AdaptiveScopes",
+    "SharedAdaptiveLimit",
+    "share_limit",
+]
+
+#: Seconds between two drains of a scope's samples by its leader (and two
+#: renewals of the lead).
+LEADER_INTERVAL = 0.1
+#: Seconds the lead of a scope outlives its last renewal: after that,
+#: another process takes it over.
+LEADER_TTL = 1.0
+#: Seconds a published limit outlives its last publication.
+LIMIT_TTL = 5.0
+#: Seconds after its last send or answer in this process that a scope
+#: still takes part in this process's leads.
+ACTIVE_FOR = 2.0
+
+#: The shared state of each crawler with :setting:`THROTTLING_STATE_URL`.
+_SHARED: weakref.WeakKeyDictionary[Crawler, AdaptiveScopes] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class SharedAdaptiveLimit(AdaptiveLimit):
+    """An adaptive limit that is one limit across processes.
+
+    While :attr:`AdaptiveScopes.sharing`, samples go to Redis instead of the
+    local rule, and :attr:`limit` is the limit the scope's leader published
+    (see the module); otherwise it is the plain
+    :class:`~._algorithms.concurrency.AdaptiveLimit`.
+    """
+
+    __slots__ = ("__weakref__", "_scopes", "active_at", "published", "scope_id")
+
+    def __init__(
+        self,
+        algorithm: LatencyLimit,
+        *,
+        ceiling: int,
+        no_ceiling: int,
+        scope_id: ScopeID,
+        scopes: AdaptiveScopes,
+    ) -> None:
+        super().__init__(algorithm, ceiling=ceiling, no_ceiling=no_ceiling)
+        self.scope_id = scope_id
+        self._scopes = scopes
+        #: The limit last published for the scope (``None``: none yet).
+        self.published: int | None = None
+        #: When this process last sent or heard from the scope (its clock).
+        self.active_at = scopes.now()
+        scopes.register(self)
+
+    @property
+    def own_limit(self) -> int:
+        """This process's own adaptive limit (the leader's is the shared one)."""
+        return self._current
+
+    @property
+    def limit(self) -> int:
+        published = self.published
+        if published is None or not self._scopes.sharing:
+            return self._current
+        return max(1, min(published, self.ceiling))
+
+    def on_sent(self, now: float, in_flight: int) -> None:
+        self.active_at = now
+        if self._scopes.sharing:
+            return  # the check that admitted it recorded the send in Redis
+        super().on_sent(now, in_flight)
+
+    def on_overload(self, now: float) -> None:
+        self.active_at = now
+        if self._scopes.sharing:
+            self._scopes.add_sample(self.scope_id, "o", 0.0)
+            return
+        super().on_overload(now)
+
+    def on_response(
+        self, now: float, latency: float, in_flight: int, *, error: bool
+    ) -> bool:
+        self.active_at = now
+        if not self._scopes.sharing:
+            return super().on_response(now, latency, in_flight, error=error)
+        self._scopes.add_sample(self.scope_id, "e" if error else "r", latency)
+        return False
+
+    def feed(self, kind: str, now: float, latency: float, in_flight: int) -> None:
+        """Feed one sample of any process (the leader does)."""
+        if kind == "s":
+            super().on_sent(now, in_flight)
+        elif kind == "o":
+            super().on_overload(now)
+        else:
+            super().on_response(now, latency, in_flight, error=kind == "e")
+
+
+def share_limit(
+    crawler: Crawler, scope_id: ScopeID, limit: ConcurrencyLimit, no_ceiling: int
+) -> ConcurrencyLimit:
+    """*limit*, shared across processes when it is adaptive and the crawl
+    has :setting:`THROTTLING_STATE_URL`; else *limit* itself."""
+    scopes = _SHARED.get(crawler)
+    if scopes is None or type(limit) is not AdaptiveLimit:
+        return limit
+    return SharedAdaptiveLimit(
+        limit.algorithm,
+        ceiling=limit.ceiling,
+        no_ceiling=no_ceiling,
+        scope_id=scope_id,
+        scopes=scopes,
+    )
+
+
+class AdaptiveScopes:
+    """The adaptive scopes of one process's shared state: their samples not
+    sent yet, and their leads (see the module).
+
+    :param connection: the shared state, whose calls count and fall back.
+    :param key: ``key(kind, scope)``, the Redis key of a scope.
+    :param schedule: Scrapy's ``call_later`` (``None``: :meth:`lead` is
+        called by hand, as in unit tests).
+    :param send_soon: arms the sending of :attr:`samples` (with the next
+        check or release).
+    """
+
+    def __init__(
+        self,
+        connection: SharedConnection,
+        key: Callable[[str, ScopeID], str],
+        schedule: Callable[[float, Callable[[], None]], Any] | None,
+        send_soon: Callable[[], None],
+    ) -> None:
+        self._connection = connection
+        self._key = key
+        self._schedule = schedule
+        self._send_soon = send_soon
+        self._script = connection._client.register_script(LEADER_SCRIPT)
+        self._id = uuid.uuid4().hex
+        self.limits: weakref.WeakValueDictionary[ScopeID, SharedAdaptiveLimit] = (
+            weakref.WeakValueDictionary()
+        )
+        #: Samples not sent yet: ``(samples key, lease key, "kind latency")``.
+        self.samples: list[tuple[str, str, str]] = []
+        #: The scopes this process leads.
+        self.leading: set[ScopeID] = set()
+        self._timer: Any = None
+        self._closed = False
+
+    def install(self, crawler: Crawler) -> None:
+        """Share the adaptive scopes *crawler* builds from now on."""
+        _SHARED[crawler] = self
+
+    @property
+    def sharing(self) -> bool:
+        return self._connection.sharing
+
+    def now(self) -> float:
+        return self._connection._clock()
+
+    def register(self, limit: SharedAdaptiveLimit) -> None:
+        self.limits[limit.scope_id] = limit
+        if self._schedule is not None and self._timer is None and not self._closed:
+            self._timer = self._schedule(LEADER_INTERVAL, self._on_timer)
+
+    def ceiling(self, scope_id: ScopeID) -> int:
+        """The ceiling the check script caps a published limit of *scope_id*
+        with (0: the scope is not adaptive)."""
+        limit = self.limits.get(scope_id)
+        return 0 if limit is None else limit.ceiling
+
+    def add_sample(self, scope_id: ScopeID, kind: str, latency: float) -> None:
+        self.samples.append(
+            (
+                self._key("samples", scope_id),
+                self._key("lease", scope_id),
+                f"{kind} {latency:.6f}",
+            )
+        )
+        self._send_soon()
+
+    def take_samples(self) -> list[tuple[str, str, str]]:
+        samples, self.samples = self.samples, []
+        return samples
+
+    def published(self, scope_id: ScopeID, value: int) -> None:
+        """The check script read *value* (-1: none) as *scope_id*'s limit."""
+        limit = self.limits.get(scope_id)
+        if limit is not None:
+            limit.published = None if value < 0 else int(value)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._closed:
+            return
+        self.lead()
+        if self.limits:
+            assert self._schedule is not None
+            self._timer = self._schedule(LEADER_INTERVAL, self._on_timer)
+
+    def lead(self) -> None:
+        """Renew or take the lead of each adaptive scope, feed the samples
+        of the scopes led to their limits and publish them (one round trip)."""
+        if not self.sharing or not self.limits:
+            return
+        # Only the scopes this process used lately: a broad crawl's idle
+        # scopes cost nothing, and the lead of a scope moves to a process
+        # that uses it (the others take it 1 s after this one stops).
+        since = self.now() - ACTIVE_FOR
+        limits = [limit for limit in self.limits.values() if limit.active_at >= since]
+        self.leading.intersection_update(limit.scope_id for limit in limits)
+        if not limits:
+            return
+        keys: list[str] = []
+        args: list[Any] = [
+            self._id,
+            round(LEADER_TTL * 1000),
+            round(LIMIT_TTL * 1000),
+        ]
+        for limit in limits:
+            keys += (
+                self._key("leader", limit.scope_id),
+                self._key("samples", limit.scope_id),
+                self._key("limit", limit.scope_id),
+            )
+            args.append(limit.own_limit if limit.scope_id in self.leading else -1)
+        try:
+            answer = self._connection._call(self._script, keys, args)
+        except RedisFailure:
+            return
+        server_now = int(answer[0]) / 1e6
+        offset = self._connection._clock() - server_now
+        for limit, entry in zip(limits, answer[1:], strict=True):
+            if not int(entry[0]):
+                self.leading.discard(limit.scope_id)
+                continue
+            self.leading.add(limit.scope_id)
+            last = 0.0
+            for sample in entry[1:]:
+                kind, stamp, latency, in_flight = _decode(sample).split()
+                last = max(last, int(stamp) / 1e6 + offset)
+                limit.feed(kind, last, float(latency), int(in_flight))
+            limit.published = limit.own_limit
+
+    def close(self) -> None:
+        """Stop leading (the crawl ends)."""
+        self._closed = True
+        if self._timer is not None:
+            timer, self._timer = self._timer, None
+            with suppress(Exception):  # already fired
+                timer.cancel()
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,188 @@
+"""One latency-adaptive limit per scope across processes (issue 13).
+
+Two :class:`SharedState` objects on one real ``redis-server`` stand for two
+processes; each has a :class:`SharedAdaptiveLimit` for the same scope. The
+leader (whoever calls :meth:`AdaptiveScopes.lead` first) is fed the samples
+of both, with the scope's leases as the in-flight count, and publishes the
+limit the check script then enforces on both.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from scrapy_adaptive_throttle._algorithms import LatencyLimit
+from scrapy_adaptive_throttle._algorithms.concurrency import AdaptiveLimit
+from scrapy_adaptive_throttle._shared_limit import (
+    ACTIVE_FOR,
+    LEADER_TTL,
+    SharedAdaptiveLimit,
+    share_limit,
+)
+from scrapy_adaptive_throttle._shared_state import RECHECK_INTERVAL, SharedState
+from tests.test_shared_state import make_state
+
+SCOPE = "host"
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+class RecordingLimit(SharedAdaptiveLimit):
+    """Records the samples the leader feeds it: ``(kind, in flight)``."""
+
+    __slots__ = ("fed",)
+
+    def feed(self, kind: str, now: float, latency: float, in_flight: int) -> None:
+        self.fed.append((kind, in_flight))
+        super().feed(kind, now, latency, in_flight)
+
+
+def adaptive(state: SharedState, initial: float = 2.0) -> RecordingLimit:
+    algorithm = LatencyLimit(
+        initial=initial, minimum=1, maximum=16, tolerance=1.5, window=30.0
+    )
+    limit = RecordingLimit(
+        algorithm, ceiling=16, no_ceiling=16, scope_id=SCOPE, scopes=state.adaptive
+    )
+    limit.fed = []
+    return limit
+
+
+def send(state: SharedState, limit: SharedAdaptiveLimit, in_flight: int) -> object:
+    wait, blocked = state.check([(SCOPE, limit.limit, in_flight, 0.0)])
+    if wait > 0 or blocked is not None:
+        return None
+    request = object()
+    state.claim(request, [SCOPE])  # type: ignore[arg-type]
+    return request
+
+
+def test_the_leader_is_fed_every_process_samples_with_the_global_in_flight(
+    redis_server, prefix
+):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    one, two = adaptive(first), adaptive(second)
+    first.adaptive.lead()
+    second.adaptive.lead()
+    assert first.adaptive.leading == {SCOPE}
+    assert second.adaptive.leading == set()
+    # Each process sends one request: the leases count 1 then 2.
+    sent = [send(first, one, 0), send(second, two, 0)]
+    assert all(request is not None for request in sent)
+    # The second process's answer: sent with its release.
+    two.on_response(time.monotonic(), 0.05, 1, error=False)
+    second.release(sent[1])  # type: ignore[arg-type]
+    first.adaptive.lead()
+    # Both sends (leases 1 and 2, across processes) and the answer (2 leases
+    # when it went out: before the release that follows it).
+    assert one.fed == [("s", 1), ("s", 2), ("r", 2)]
+    assert two.fed == []
+    # The non-leader's own rule is not fed while sharing.
+    assert two.algorithm.best is None
+    assert one.algorithm.best == pytest.approx(0.05)
+
+
+def test_the_published_limit_holds_every_process(redis_server, prefix):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    one, two = adaptive(first, initial=3), adaptive(second, initial=16)
+    first.adaptive.lead()  # leader: its limit (3) is published
+    first.adaptive.lead()
+    assert redis_server.client().get(f"{prefix}:limit:{SCOPE}") == b"3"
+    # The second process's own limit is 16, but the scope's is 3, across both.
+    sent = [send(second, two, 0), send(second, two, 1), send(first, one, 0)]
+    assert all(request is not None for request in sent)
+    assert two.limit == 3
+    assert second.check([(SCOPE, two.limit, 2, 0.0)]) == (0.0, SCOPE)
+    assert first.check([(SCOPE, one.limit, 1, 0.0)]) == (0.0, SCOPE)
+    # A process with nothing in flight there looks again soon.
+    third = make_state(redis_server, prefix)
+    own = adaptive(third, initial=16)
+    assert third.check([(SCOPE, own.limit, 0, 0.0)]) == (RECHECK_INTERVAL, None)
+    assert own.limit == 3
+
+
+def test_the_lead_is_taken_over_when_the_leader_stops(redis_server, prefix):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    kept = [adaptive(first), adaptive(second)]  # (weakly registered)
+    first.adaptive.lead()
+    second.adaptive.lead()
+    assert second.adaptive.leading == set()
+    # The leader stops renewing (killed): its lead expires.
+    time.sleep(LEADER_TTL + 0.1)
+    second.adaptive.lead()
+    assert second.adaptive.leading == {SCOPE}
+    first.adaptive.lead()
+    assert first.adaptive.leading == set()
+    assert kept
+
+
+def test_a_scope_idle_in_a_process_is_not_led_by_it(redis_server, prefix):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    one, two = adaptive(first), adaptive(second)
+    first.adaptive.lead()
+    assert first.adaptive.leading == {SCOPE}
+    # The leader stops using the scope: it leaves the lead, which the
+    # process that still uses it takes once it expires.
+    one.active_at = time.monotonic() - ACTIVE_FOR - 1
+    first.adaptive.lead()
+    assert first.adaptive.leading == set()
+    time.sleep(LEADER_TTL + 0.1)
+    two.on_sent(time.monotonic(), 1)
+    second.adaptive.lead()
+    assert second.adaptive.leading == {SCOPE}
+
+
+def test_every_key_of_the_shared_limit_expires(redis_server, prefix):
+    state = make_state(redis_server, prefix)
+    limit = adaptive(state)
+    state.adaptive.lead()
+    request = send(state, limit, 0)
+    limit.on_response(time.monotonic(), 0.05, 1, error=False)
+    state.release(request)  # type: ignore[arg-type]
+    state.adaptive.lead()
+    client = redis_server.client()
+    keys = client.keys(f"{prefix}:*")
+    assert {key.decode().split(":")[1] for key in keys} >= {"leader", "limit"}
+    assert all(client.pttl(key) > 0 for key in keys)
+
+
+def test_without_redis_the_process_adapts_on_its_own(own_redis_server, prefix):
+    state = make_state(own_redis_server, prefix, processes=2)
+    limit = adaptive(state, initial=4)
+    state.adaptive.lead()
+    own_redis_server.stop()
+    assert send(state, limit, 0) is not None  # the fallback admits it
+    assert not state.sharing
+    # Its own rule is fed again, and its own limit is divided by 2.
+    limit.on_sent(time.monotonic(), 1)
+    limit.on_response(time.monotonic(), 0.05, 1, error=False)
+    assert limit.algorithm.best == pytest.approx(0.05)
+    assert limit.limit == limit.own_limit
+    assert state.check([(SCOPE, limit.limit, limit.limit // 2, 0.0)]) == (0.0, SCOPE)
+
+
+def test_only_adaptive_limits_of_a_shared_crawl_are_wrapped(redis_server):
+    from scrapy.utils.test import get_crawler
+
+    from scrapy_adaptive_throttle._algorithms.concurrency import FixedLimit
+
+    algorithm = LatencyLimit(initial=2, minimum=1, maximum=8)
+    plain = AdaptiveLimit(algorithm, ceiling=8, no_ceiling=16)
+    without = get_crawler()
+    assert share_limit(without, SCOPE, plain, 16) is plain
+    crawler = get_crawler(settings_dict={"THROTTLING_STATE_URL": redis_server.url})
+    state = SharedState.from_crawler(crawler)
+    assert state is not None
+    shared = share_limit(crawler, SCOPE, plain, 16)
+    assert isinstance(shared, SharedAdaptiveLimit)
+    assert shared.ceiling == 8
+    assert shared.algorithm is algorithm
+    fixed = FixedLimit(4)
+    assert share_limit(crawler, SCOPE, fixed, 16) is fixed
+    state.close()
