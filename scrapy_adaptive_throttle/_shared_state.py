@@ -33,12 +33,12 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+from ._clock import MONOTONIC_CLOCK
 from ._redis_client import (
     RECONNECT_MIN_DELAY,
     RELEASE_BATCH_DELAY,
@@ -100,7 +100,7 @@ class SharedState(SharedConnection):
         config: SharedStateSettings,
         *,
         client: Any = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = MONOTONIC_CLOCK,
         stats: Any = None,
         schedule: Callable[[float, Callable[[], None]], Any] | None = None,
     ) -> None:
@@ -130,7 +130,7 @@ class SharedState(SharedConnection):
 
     @classmethod
     def from_crawler(
-        cls, crawler: Crawler, *, clock: Callable[[], float] = time.monotonic
+        cls, crawler: Crawler, *, clock: Callable[[], float] = MONOTONIC_CLOCK
     ) -> SharedState | None:
         """The shared state of *crawler*, connected; ``None`` when
         :setting:`THROTTLING_STATE_URL` is not set. *clock* is the one the
