@@ -42,6 +42,11 @@ cause b: doubling's one-round lag):
   instead of 1.40 x. Both settle on the same limit (about 13.6, a slow round
   every 0.36-0.38 s); the host is deterministic and the median lands on its
   1.6 x latency step instead of 1.4 x, but the sweep's figure got worse.
+* Counting, during slow start, the upper-half answers to requests sent
+  before the round's mark towards the noisy-host rule (the other half of
+  cause a): 15 pins pass (all but the 5 constant ones at a 2 ms
+  turnaround), but the same two bimodal cases and
+  ``test_noisy_slowdown_and_recovery`` fail; sweep 0.949 / 103.
 * Cause b, a ceiling on slow start's growth at 1.5-2 x the in-flight level
   each answer was sent at: all constant cases within 2 x workers at 1.5-1.6
   x, but 7 to 24 existing tests fail (exact doubling, noise-only traces,
