@@ -99,6 +99,25 @@ def wait_for_arrivals(hosts: Any, count: int, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+def wait_for_each_process(
+    hosts: Any, processes: int, count: int, timeout: float = 30
+) -> None:
+    """Wait until each of *processes* has had *count* requests arrive at A:
+    a process still starting (slow on a loaded machine) when Redis goes away
+    would stop at its start-up check, as documented, and not be the crawl
+    that loses Redis mid-way."""
+    deadline = time.monotonic() + timeout
+    while True:
+        paths = [record[1] for record in hosts.stats("A")["arrivals"]]
+        if all(
+            sum(path.startswith(f"/p{index}/") for path in paths) >= count
+            for index in range(processes)
+        ):
+            return
+        assert time.monotonic() < deadline, "a process did not start crawling"
+        time.sleep(0.05)
+
+
 def page_arrivals(stats: dict[str, Any]) -> Counter[str]:
     """How many times each page (not counting redirecting URLs) arrived."""
     return Counter(
@@ -250,6 +269,7 @@ def test_redis_lost_and_restarted_mid_crawl(simhosts, own_redis_server):
         for index in range(2)
     ]
     wait_for_arrivals(hosts, 20)
+    wait_for_each_process(hosts, 2, 1)
     own_redis_server.stop()
     time.sleep(1.0)
     own_redis_server.start()  # empty: persistence is off
