@@ -4,8 +4,11 @@ For tests that need what a single test process cannot give: another reactor
 (the reactor is installed once per process) or a crawl stopped and resumed
 with ``JOBDIR``. The JSON argument holds ``settings``, ``urls`` and optional
 ``metas``, ``stop_after`` (close the crawl after that many responses),
-``follow`` (``PagesSpider``'s index-page mode) and ``native`` (run on a
-Scrapy with its own throttling: :func:`tests.native_scrapy.install`);
+``follow`` (``PagesSpider``'s index-page mode), ``native`` (run on a
+Scrapy with its own throttling: :func:`tests.native_scrapy.install`) and
+``barrier`` (``{"ready": path, "go": path}``: create *ready* once Scrapy is
+imported and the crawl is set up, then start only when *go* exists, so that
+several processes start crawling together however long each takes to start);
 the process prints one JSON line: ``{"responses": [...], "failures": [...],
 "finish_reason": ..., "reactor": ...}``.
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from scrapy.crawler import CrawlerProcess
@@ -60,6 +65,14 @@ def main() -> None:
             stop_after=config.get("stop_after"),
             follow=config.get("follow", False),
         )
+    barrier = config.get("barrier")
+    if barrier:
+        Path(barrier["ready"]).touch()
+        deadline = time.monotonic() + 60
+        while not Path(barrier["go"]).exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("crawl_process: the barrier never opened")
+            time.sleep(0.01)
     process.start()
     from twisted.internet import reactor
 

@@ -27,6 +27,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -99,23 +100,30 @@ def wait_for_arrivals(hosts: Any, count: int, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
-def wait_for_each_process(
-    hosts: Any, processes: int, count: int, timeout: float = 30
-) -> None:
-    """Wait until each of *processes* has had *count* requests arrive at A:
-    a process still starting (slow on a loaded machine) when Redis goes away
-    would stop at its start-up check, as documented, and not be the crawl
-    that loses Redis mid-way."""
+def start_together(
+    configs: list[dict[str, Any]], directory: Path, timeout: float = 60
+) -> list[subprocess.Popen[str]]:
+    """Start one crawl process per config and let them crawl only once all
+    are set up: on a loaded machine one may take seconds longer to import
+    Scrapy, and a test that acts mid-crawl must find every process crawling
+    (one still starting when Redis goes away stops at its start-up check, as
+    documented; one started early may be finished)."""
+    go = directory / "go"
+    ready = []
+    processes = []
+    for index, config in enumerate(configs):
+        ready.append(directory / f"ready-{index}")
+        config["barrier"] = {"ready": str(ready[-1]), "go": str(go)}
+        processes.append(start_process(config))
     deadline = time.monotonic() + timeout
-    while True:
-        paths = [record[1] for record in hosts.stats("A")["arrivals"]]
-        if all(
-            sum(path.startswith(f"/p{index}/") for path in paths) >= count
-            for index in range(processes)
-        ):
-            return
-        assert time.monotonic() < deadline, "a process did not start crawling"
-        time.sleep(0.05)
+    while not all(path.exists() for path in ready):
+        assert time.monotonic() < deadline, "a crawl process did not start"
+        assert all(process.poll() is None for process in processes), [
+            process.communicate()[1][-3000:] for process in processes
+        ]
+        time.sleep(0.02)
+    go.touch()
+    return processes
 
 
 def page_arrivals(stats: dict[str, Any]) -> Counter[str]:
@@ -250,12 +258,12 @@ def test_sigkilled_process_does_not_hold_the_host(simhosts, redis_server):
     assert _peak(survivor_intervals) == LIMIT
 
 
-def test_redis_lost_and_restarted_mid_crawl(simhosts, own_redis_server):
+def test_redis_lost_and_restarted_mid_crawl(simhosts, own_redis_server, tmp_path):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
     pages = 80
     prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    processes = [
-        start_process(
+    processes = start_together(
+        [
             process_config(
                 hosts,
                 index,
@@ -265,11 +273,11 @@ def test_redis_lost_and_restarted_mid_crawl(simhosts, own_redis_server):
                 THROTTLING_STATE_PROCESSES=2,
                 LOG_LEVEL="INFO",
             )
-        )
-        for index in range(2)
-    ]
+            for index in range(2)
+        ],
+        tmp_path,
+    )
     wait_for_arrivals(hosts, 20)
-    wait_for_each_process(hosts, 2, 1)
     own_redis_server.stop()
     time.sleep(1.0)
     own_redis_server.start()  # empty: persistence is off
