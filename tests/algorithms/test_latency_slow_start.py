@@ -89,6 +89,30 @@ KINDS: dict[str, Draw | None] = {
 }
 
 
+def count_at_host(
+    host: SimulatedHost, counting: Callable[[], bool]
+) -> Callable[[], int]:
+    """Count the requests at *host* (sent, not yet answered) at each send
+    made while *counting* says so; return a reader of the peak."""
+    at_host: list[float] = []
+    peak = 0
+    submit = host.submit
+
+    def counted_submit(now: float) -> tuple[float, bool]:
+        nonlocal peak
+        answer_at, overloaded = submit(now)
+        while at_host and at_host[0] <= now:
+            heapq.heappop(at_host)
+        if not overloaded:
+            heapq.heappush(at_host, answer_at)
+        if counting():
+            peak = max(peak, len(at_host))
+        return answer_at, overloaded
+
+    host.submit = counted_submit  # type: ignore[method-assign]
+    return lambda: peak
+
+
 def slow_start_peak(
     draw: Draw | None, service: float, turnaround: float, seed: int
 ) -> tuple[int, int, float, bool]:
@@ -103,22 +127,7 @@ def slow_start_peak(
         rng=random.Random(seed),
     )
     limit = LatencyLimit(maximum=32, window=30.0)
-    at_host: list[float] = []
-    peak = 0
-    submit = host.submit
-
-    def counted_submit(now: float) -> tuple[float, bool]:
-        nonlocal peak
-        answer_at, overloaded = submit(now)
-        while at_host and at_host[0] <= now:
-            heapq.heappop(at_host)
-        if not overloaded:
-            heapq.heappush(at_host, answer_at)
-        if limit.in_slow_start:
-            peak = max(peak, len(at_host))
-        return answer_at, overloaded
-
-    host.submit = counted_submit  # type: ignore[method-assign]
+    peak = count_at_host(host, lambda: limit.in_slow_start)
     result = simulate(
         LimitClient(limit),
         host,
@@ -127,7 +136,7 @@ def slow_start_peak(
         limit_of=lambda: limit.limit,
     )
     rate = result.rate(1.0, 3.0) / host.capacity
-    return peak, len(result.overloads), rate, not limit.in_slow_start
+    return peak(), len(result.overloads), rate, not limit.in_slow_start
 
 
 #: The cases over the bound with the code of this commit (kind, service,
@@ -195,25 +204,11 @@ def test_the_peak_is_counted_at_the_host() -> None:
     """The measure itself: a client that keeps 24 in flight fills the
     host's 8 workers and 16 places in its queue, and the count says so."""
     host = SimulatedHost(workers=WORKERS, service=0.02, queue=QUEUE)
-    at_host: list[float] = []
-    peak = 0
-    submit = host.submit
-
-    def counted_submit(now: float) -> tuple[float, bool]:
-        nonlocal peak
-        answer_at, overloaded = submit(now)
-        while at_host and at_host[0] <= now:
-            heapq.heappop(at_host)
-        if not overloaded:
-            heapq.heappush(at_host, answer_at)
-        peak = max(peak, len(at_host))
-        return answer_at, overloaded
-
-    host.submit = counted_submit  # type: ignore[method-assign]
+    peak = count_at_host(host, lambda: True)
 
     class Greedy(LimitClient):
         def limit(self) -> int:
             return 24
 
     simulate(Greedy(LatencyLimit()), host, 0.5, turnaround=0.002)
-    assert peak == WORKERS + QUEUE
+    assert peak() == WORKERS + QUEUE
