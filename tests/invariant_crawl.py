@@ -183,7 +183,8 @@ class InvariantSpider(Spider):
 
     Every request of the crawl, whoever made it (start, callback, retry,
     redirect), is counted at ``request_scheduled``, ``response_downloaded``
-    and ``request_dropped``;
+    and ``request_dropped``, and timed at ``request_reached_downloader``
+    (Scrapy's signal of a request handed to the downloader: its send);
     every page's end (callback or errback) is recorded with its time.
     """
 
@@ -198,6 +199,8 @@ class InvariantSpider(Spider):
         self.scheduled: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
         self.dropped: list[str] = []
+        #: ``[time, netloc, path]`` of every request handed to the downloader.
+        self.sent: list[list[Any]] = []
         self.closed_at: float | None = None
         self.at_close: dict[str, Any] = {}
 
@@ -206,6 +209,7 @@ class InvariantSpider(Spider):
         spider = super().from_crawler(crawler, *args, **kwargs)
         crawler.signals.connect(spider._scheduled, signal=signals.request_scheduled)
         crawler.signals.connect(spider._dropped, signal=signals.request_dropped)
+        crawler.signals.connect(spider._sent, signal=signals.request_reached_downloader)
         crawler.signals.connect(spider._received, signal=signals.response_downloaded)
         crawler.signals.connect(spider._closed, signal=signals.spider_closed)
         return spider
@@ -215,6 +219,9 @@ class InvariantSpider(Spider):
 
     def _received(self, request: Request) -> None:
         self.received["\t".join(page_key(request.url))] += 1
+
+    def _sent(self, request: Request) -> None:
+        self.sent.append([time.monotonic(), *page_key(request.url)])
 
     def _dropped(self, request: Request) -> None:
         self.dropped.append(request.url)
@@ -312,6 +319,7 @@ def collect(crawler: Any) -> dict[str, Any]:
         "scheduled": dict(spider.scheduled),
         "received": dict(spider.received),
         "dropped": spider.dropped,
+        "sent": spider.sent,
         "closed_at": spider.closed_at,
         "at_close": spider.at_close,
         "stats": {

@@ -34,6 +34,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
@@ -56,6 +57,9 @@ from tests.server_checks import max_in_service, service_intervals
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (1, 2, 3)
+#: The most time (s) one request is allowed between its send and its arrival
+#: at the server, in the delay check of the slow host.
+MAX_TRANSIT = 0.3
 _EPOLL = "twisted.internet.epollreactor.EPollReactor"
 
 
@@ -202,7 +206,10 @@ def check_invariants(
 
 
 def check_scope_limits(
-    figures: dict[str, Any], graph: dict[str, dict[str, Any]]
+    figures: dict[str, Any],
+    graph: dict[str, dict[str, Any]],
+    sent: list[list[Any]],
+    bases: dict[str, str],
 ) -> None:
     records = figures["records"]
     for name, stats in records.items():
@@ -212,11 +219,22 @@ def check_scope_limits(
         f"/p/{page_id}" for page_id, page in graph.items() if page["kind"] == "shared"
     }
     assert peak(intervals_of(records, shared)) <= SHARED_CONCURRENCY
-    # The slow host's configured delay (no jitter) between requests sent;
-    # arrivals may come a little closer than they were sent.
-    slow_starts = sorted(start for start, _ in service_intervals(records["slow"]))
-    gaps = [later - earlier for earlier, later in itertools.pairwise(slow_starts)]
-    assert not gaps or min(gaps) >= SLOW_DELAY * 0.6
+    # The slow host's configured delay (no jitter) between sends: every two
+    # requests Scrapy handed to the downloader (its request_reached_downloader
+    # signal), whoever made them (start, callback, retry, redirect).
+    slow = urlsplit(bases["slow"]).netloc
+    sends = sorted(when for when, netloc, _ in sent if netloc == slow)
+    arrivals = sorted(start for start, _ in service_intervals(records["slow"]))
+    assert len(sends) == len(arrivals) > 2
+    send_gaps = [later - earlier for earlier, later in itertools.pairwise(sends)]
+    assert min(send_gaps) >= SLOW_DELAY * 0.95
+    # At the server, a request arrives after its send by its transit through
+    # the client's and the server's event loops, which under load reached
+    # 0.13-0.18 s for a single request (most often the first of a new
+    # connection) and shortens the gap after it by as much; so the server
+    # bounds the arrivals as a whole: they span the delays between them,
+    # less one such transit.
+    assert arrivals[-1] - arrivals[0] >= (len(arrivals) - 1) * SLOW_DELAY - MAX_TRANSIT
 
 
 def check_not_vacuous(figures: dict[str, Any], *, plugin: bool) -> None:
@@ -249,7 +267,7 @@ async def test_invariants_hold_with_the_plugin(simhosts, reactor, seed):
     result = await crawl(reactor, config)
     graph = build_graph(seed, bases)
     figures = check_invariants(result, graph, hosts, plugin=True)
-    check_scope_limits(figures, graph)
+    check_scope_limits(figures, graph, result["sent"], bases)
     check_not_vacuous(figures, plugin=True)
 
 
