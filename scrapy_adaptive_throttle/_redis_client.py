@@ -129,6 +129,13 @@ class Reconnection:
         self._retry_at = self._clock() + self._retry_delay
         self._retry_delay = min(self._retry_delay * 2, RECONNECT_MAX_DELAY)
 
+    def settle_time(self) -> float:
+        """After a reconnection, how long another process that lost Redis
+        at about the same time may still be in its fallback: its retries
+        back off on the same schedule, so it tries again within the delay
+        this process would have waited next."""
+        return self._retry_delay
+
 
 class ReleaseBatch:
     """Lease releases not sent yet, as ``(lease key, token)`` pairs.

@@ -65,6 +65,10 @@ class SharedConnection:
         #: Round trips to Redis (also the ``throttling/shared_state/command_count``
         #: stat).
         self.commands = 0
+        #: Until when (this process's clock), after a reconnection, other
+        #: processes may still be in their fallback, sending their share
+        #: without leases: this one keeps to its share too until then.
+        self._settle_until = float("-inf")
 
     def ping(self) -> None:
         """Check that Redis answers; raise :exc:`SharedStateUnavailableError`."""
@@ -82,6 +86,11 @@ class SharedConnection:
         :raises RedisFailure: when Redis fails again.
         """
         return 0
+
+    def settling(self) -> bool:
+        """Whether this process came back from a fallback so recently that
+        other processes may still be in theirs (see :meth:`_reconnect`)."""
+        return self._clock() < self._settle_until
 
     def _count_command(self) -> None:
         self.commands += 1
@@ -135,6 +144,7 @@ class SharedConnection:
             leased = self._resume()
         except RedisFailure:
             return False
+        self._settle_until = self._clock() + self._reconnection.settle_time()
         if self._stats is not None:
             self._stats.inc_value("throttling/shared_state/reconnect_count")
         logger.info(

@@ -25,7 +25,8 @@ Every key has a TTL, so the state of scopes nobody uses any more expires.
 When Redis is lost mid-crawl, the processes fall back to in-process limits
 (each scope's limit divided by :setting:`THROTTLING_STATE_PROCESSES`),
 retry the connection with exponential backoff, and share again once it is
-back, leasing again what they have in flight.
+back, leasing again what they have in flight (and keeping to their fallback
+share for one more retry delay, while the others may not be back yet).
 """
 
 from __future__ import annotations
@@ -187,6 +188,12 @@ class SharedState(SharedConnection):
         self.drop_pending()
         if not self.sharing and not self._reconnect():
             return fallback_check(scopes, self.config.processes)
+        if self.settling():
+            # Back from a fallback before the others may be: their shares
+            # are not leased yet, so keep to this process's share as well.
+            wait, blocked = fallback_check(scopes, self.config.processes)
+            if blocked is not None:
+                return wait, blocked
         releases = self._releases.take()
         samples = self.adaptive.take_samples()
         keys = [key for key, _ in releases]

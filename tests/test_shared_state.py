@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
+from scrapy_adaptive_throttle._redis_client import RECONNECT_MAX_DELAY
 from scrapy_adaptive_throttle._shared_state import (
     RECHECK_INTERVAL,
     RECONNECT_MIN_DELAY,
@@ -179,6 +180,45 @@ def test_fallback_when_redis_is_lost_and_recovery(own_redis_server, prefix, capl
     assert "THROTTLING_STATE_URL" in warnings[0].getMessage()
     assert "divided by THROTTLING_STATE_PROCESSES = 2" in warnings[0].getMessage()
     assert any("Reconnected" in r.getMessage() for r in caplog.records)
+
+
+def test_a_process_back_first_keeps_its_share_while_others_may_be_in_fallback(
+    own_redis_server, prefix
+):
+    """Two processes lose Redis and each keeps to its share (4 / 2). The
+    first one back (Redis restarted empty) must not take the whole limit
+    while the other, still in fallback, holds its share unleased: the host
+    would get 2 + 4. It keeps its share until the other has had its own
+    chance to reconnect, then the shared leases count for both."""
+    clock_a, clock_b = FakeClock(1000.0), FakeClock(1000.0)
+    a = make_state(own_redis_server, prefix, processes=2, clock=clock_a)
+    b = make_state(own_redis_server, prefix, processes=2, clock=clock_b)
+    own_redis_server.stop()
+    for state in (a, b):
+        for in_flight in (0, 1):
+            assert state.check([("host", 4, in_flight, 0.0)]) == (0.0, None)
+            state.claim(object(), ["host"])  # type: ignore[arg-type]
+        assert state.check([("host", 4, 2, 0.0)]) == (0.0, "host")
+        assert not state.sharing
+    own_redis_server.start()  # restarted empty
+    clock_a.now += RECONNECT_MIN_DELAY
+    # a is back (its 2 leased again); b has not retried yet.
+    assert a.check([("host", 4, 2, 0.0)]) == (0.0, "host")
+    assert a.sharing
+    assert not b.sharing
+    assert own_redis_server.client().zcard(a.lease_key("host")) == 2
+    # b retries on its own schedule and is back too, its 2 leased again:
+    clock_b.now += RECONNECT_MIN_DELAY
+    assert b.check([("host", 4, 2, 0.0)]) == (0.0, "host")
+    assert b.sharing
+    assert own_redis_server.client().zcard(a.lease_key("host")) == 4
+    # Once nobody can still be in fallback, the shared leases are the limit.
+    clock_a.now += RECONNECT_MAX_DELAY
+    clock_b.now += RECONNECT_MAX_DELAY
+    assert a.check([("host", 4, 2, 0.0)]) == (0.0, "host")
+    b.release(next(iter(b._leases)))
+    b.flush_releases()
+    assert a.check([("host", 4, 2, 0.0)]) == (0.0, None)
 
 
 def test_reconnection_backs_off(own_redis_server, prefix):
