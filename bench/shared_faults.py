@@ -16,8 +16,8 @@ on a free port, persistence off), and a fault is made mid-crawl:
     reconnect, lease again what they have in flight and share again.
 
 Printed, from the server's records (seconds from the first arrival): pages/s
-of 200 answers per phase (before the fault, during it, after it), the most
-requests in service per phase against the shared limit, 503s, whether every
+of 200 answers per phase (before the fault, during it, after it), the mean
+and the most requests in service per phase against the shared limit, 503s, whether every
 page of every surviving process was fetched exactly once, and the log lines
 of the fallback and the recovery. ``--limit N`` is the scope's fixed
 concurrency (default 16: A's workers plus room for Scrapy's turnaround);
@@ -158,10 +158,11 @@ def run(
 
 def _phase(
     records: list[list[Any]], start: float, end: float
-) -> tuple[float, int, int]:
-    """``(pages/s of 200 answers, most in service, 503s)`` in ``[start,
-    end)`` (server seconds): answers that came then, the most requests held
-    at once then, 503s of the requests that arrived then."""
+) -> tuple[float, float, int, int]:
+    """``(pages/s of 200 answers, mean and most in service, 503s)`` in
+    ``[start, end)`` (server seconds): answers that came then, the requests
+    held then (time-weighted mean, and the most at once), 503s of the
+    requests that arrived then."""
     answered = sum(
         1
         for record in records
@@ -174,13 +175,21 @@ def _phase(
         + [(record[0] + record[4], -1) for record in records]
     )
     level = most = 0
+    held = 0.0  # request-seconds in service within the phase
+    previous = start
     for when, step in events:
+        if when > start:
+            inside_until = min(when, end)
+            if inside_until > previous:
+                held += level * (inside_until - previous)
+                previous = inside_until
         level += step
         if start <= when < end:
             most = max(most, level)
     span = end - start
     return (
         answered / span if span > 0 else 0.0,
+        held / span if span > 0 else 0.0,
         most,
         sum(1 for record in records if start <= record[0] < end and record[3] == 503),
     )
@@ -213,11 +222,17 @@ def report(result: dict[str, Any]) -> None:
         + f", lease TTL {result['ttl']:g} s, shared limit "
         + ("adaptive" if limit is None else str(limit))
     )
-    print("| phase (server seconds) | pages/s | most in service | 503s |")
-    print("|---|---|---|---|")
+    print(
+        "| phase (server seconds) | pages/s | mean in service | most in service "
+        "| 503s |"
+    )
+    print("|---|---|---|---|---|")
     for name, start, end in phases:
-        rate, most, refused = _phase(records, start, end)
-        print(f"| {name} ({start:.1f}-{end:.1f}) | {rate:.0f} | {most} | {refused} |")
+        rate, mean, most, refused = _phase(records, start, end)
+        print(
+            f"| {name} ({start:.1f}-{end:.1f}) | {rate:.0f} | {mean:.1f} | {most} "
+            f"| {refused} |"
+        )
     fetched = Counter(
         record[1] for record in records if record[3] == 200 and record[1] != "/"
     )
