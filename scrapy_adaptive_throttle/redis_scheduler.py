@@ -27,7 +27,7 @@ from scrapy.utils.misc import load_object
 from scrapy_redis.scheduler import Scheduler
 
 from ._pqueue import ThrottlingAwarePriorityQueue
-from ._setting_values import to_int
+from ._settings import DEFAULTS, ThrottlingSettings
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
@@ -48,7 +48,7 @@ BUFFER_SIZE_SETTING = "THROTTLING_REDIS_BUFFER_SIZE"
 #: Enough to look past a long run of requests to one throttled host in the
 #: shared queue; requests are small (a few KB each in memory), and a graceful
 #: stop pushes them all back to Redis.
-DEFAULT_BUFFER_SIZE = 1000
+DEFAULT_BUFFER_SIZE: int = DEFAULTS[BUFFER_SIZE_SETTING]
 #: The scheduler the add-on replaces with :class:`ThrottlingRedisScheduler`.
 SCRAPY_REDIS_SCHEDULER = "scrapy_redis.scheduler.Scheduler"
 #: Within a scope set, the buffer keeps the order the Redis queue gave.
@@ -90,11 +90,12 @@ class ThrottlingRedisScheduler(Scheduler):  # type: ignore[misc]
     def from_crawler(cls, crawler: Crawler) -> Self:
         instance: Self = super().from_crawler(crawler)
         instance.crawler = crawler
-        instance.buffer_size = to_int(
-            crawler.settings.get(BUFFER_SIZE_SETTING, DEFAULT_BUFFER_SIZE),
-            BUFFER_SIZE_SETTING,
-            minimum=1,
-        )
+        # Validated with every other setting when the throttler is built
+        # (the downloader does it first, so a bad value stops the crawl
+        # before the spider opens).
+        instance.buffer_size = ThrottlingSettings.from_crawler(
+            crawler
+        ).redis_buffer_size
         return instance
 
     def open(self, spider: Spider) -> None:

@@ -38,6 +38,7 @@ from tests.engine_crawls import ADDON, REACTORS, crawl_in_process
 from tests.server_checks import max_in_service
 from tests.spiders import PagesSpider, run_crawl
 
+REDIS_SCHEDULER = "scrapy_adaptive_throttle.redis_scheduler.ThrottlingRedisScheduler"
 PLAIN_SCOPE_MANAGER = "scrapy_adaptive_throttle.ThrottlingScopeManager"
 SLOW = {"name": "S", "kind": "queue", "workers": 2, "service_time": 0.2}
 FAST = {"name": "F", "kind": "unlimited", "service_time": 0.01}
@@ -155,9 +156,10 @@ def slow_answered_when_fast_done(outcome: dict[str, Any], hosts: Any) -> int:
 @pytest.mark.parametrize("reactor", REACTORS)
 @deferred_f_from_coro_f
 async def test_slow_host_does_not_hold_back_the_fast_one(
-    simhosts, redis_server, reactor
+    simhosts, redis_server, reactor, caplog
 ):
     hosts = simhosts(SLOW, FAST)
+    caplog.set_level(logging.WARNING)
     outcome = await crawl(
         reactor, crawl_settings(hosts, redis_server.url, None), page_urls(hosts)
     )
@@ -167,6 +169,7 @@ async def test_slow_host_does_not_hold_back_the_fast_one(
     # nothing but S's requests could delay, are all answered first.
     assert slow_answered_when_fast_done(outcome, hosts) <= SLOW_PAGES // 3
     assert outcome["stats"]["scheduler/dequeued/redis"] > SLOW_PAGES + FAST_PAGES
+    assert "head-of-line blocking" not in outcome.get("log", caplog.text)
 
 
 @pytest.mark.filterwarnings(SCRAPY_REDIS_STATS_WARNING)
@@ -298,3 +301,112 @@ def url_arrivals(hosts: Any) -> Counter[str]:
         for name in ("S", "F")
         for record in hosts.stats(name)["arrivals"]
     )
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "priority", "expected"),
+    [
+        ("scrapy_redis.scheduler.Scheduler", "project", REDIS_SCHEDULER),
+        (Scheduler, "spider", REDIS_SCHEDULER),
+        ("tests.test_scrapy_redis.GateOnlyScheduler", "project", None),
+        ("scrapy.core.scheduler.Scheduler", "project", None),
+    ],
+)
+def test_the_addon_replaces_only_scrapy_redis_scheduler(scheduler, priority, expected):
+    from scrapy.settings import Settings
+
+    from scrapy_adaptive_throttle import Addon
+
+    settings = Settings()
+    settings.set("SCHEDULER", scheduler, priority=priority)
+    Addon().update_settings(settings)
+    assert settings.get("SCHEDULER") == (expected or scheduler)
+
+
+@pytest.mark.parametrize("value", [0, -3, "many", 2.5])
+@deferred_f_from_coro_f
+async def test_an_invalid_buffer_size_fails_at_start_up(
+    simhosts, redis_server, caplog, value
+):
+    hosts = simhosts(FAST)
+    settings = {
+        "ADDONS": ADDON,
+        "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+        "REDIS_URL": redis_server.url,
+        "SCHEDULER_QUEUE_KEY": f"{uuid.uuid4().hex}:requests",
+        "THROTTLING_REDIS_BUFFER_SIZE": value,
+    }
+    with pytest.raises(ValueError, match="THROTTLING_REDIS_BUFFER_SIZE") as error:
+        await run_crawl(PagesSpider, settings, urls=[hosts.url("F", "/page/0")])
+    assert repr(value) in str(error.value)
+    assert hosts.stats("F")["arrivals"] == []
+
+
+def seed_queue(redis_url: str, key: str, urls: list[str]) -> None:
+    """Fill the Redis queue *key* with *urls*, as a crawl that already
+    ran, or a seeding script, would have (one shared queue)."""
+    import redis
+    from scrapy import Request
+    from scrapy_redis import picklecompat
+    from scrapy_redis.queue import FifoQueue
+
+    spider = PagesSpider()
+    queue = FifoQueue(
+        redis.Redis.from_url(redis_url), spider, key, serializer=picklecompat
+    )
+    for url in urls:
+        queue.push(
+            Request(
+                url, callback=spider.parse, errback=spider.on_error, dont_filter=True
+            )
+        )
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+def test_two_processes_share_the_queue_and_the_slow_host_limit(
+    simhosts, redis_server, reactor, tmp_path
+):
+    """Two crawler processes over one Redis queue, with THROTTLING_STATE_URL:
+    S's limit holds across them (at the server), every page is fetched once
+    by one of them, F's pages all come before a third of S's, and the
+    queue is empty at the end."""
+    from tests.test_shared_state_crawl import finish, start_together
+
+    hosts = simhosts(SLOW, FAST)
+    settings = crawl_settings(hosts, redis_server.url, None)
+    settings.update(
+        {
+            "THROTTLING_STATE_URL": redis_server.url,
+            "THROTTLING_STATE_PREFIX": f"throttling:{uuid.uuid4().hex}",
+            "THROTTLING_STATE_PROCESSES": 2,
+            "SCHEDULER_PERSIST": True,  # the first to finish must not flush it
+        }
+    )
+    if reactor == "epoll":
+        settings["TWISTED_REACTOR"] = _EPOLL
+    urls = [url for url in page_urls(hosts) if "status=500" not in url]
+    seed_queue(redis_server.url, settings["SCHEDULER_QUEUE_KEY"], urls)
+    configs = [{"settings": settings, "urls": []} for _ in range(2)]
+    outcomes = [finish(p) for p in start_together(configs, tmp_path)]
+    assert redis_server.client().llen(settings["SCHEDULER_QUEUE_KEY"]) == 0
+    responses = [entry for outcome in outcomes for entry in outcome["responses"]]
+    assert all(outcome["failures"] == [] for outcome in outcomes)
+    assert all(len(outcome["responses"]) > 0 for outcome in outcomes)
+    assert Counter(entry["url"] for entry in responses).most_common(1)[0][1] == 1
+    redirect = next(url for url in urls if "/moved/" in url)
+    target = hosts.url("F", "/page/3")
+    assert {entry["url"] for entry in responses} == set(urls) - {redirect} | {target}
+    assert set(url_arrivals(hosts).values()) == {1}
+    assert max_in_service([hosts.stats("S")]) <= SLOW_LIMIT
+    # S's answers at the server, against the last of F's.
+    last_fast = (
+        max(record[0] + record[4] for record in hosts.stats("F")["arrivals"])
+        + hosts.stats("F")["first_arrival_epoch"]
+    )
+    slow = hosts.stats("S")
+    slow_done_before = sum(
+        1
+        for record in slow["arrivals"]
+        if slow["first_arrival_epoch"] + record[0] + record[4] <= last_fast
+    )
+    assert slow_done_before <= SLOW_PAGES // 3
