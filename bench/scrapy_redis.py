@@ -229,9 +229,9 @@ ROWS = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--processes", default="1,2", help="comma-separated")
-    parser.add_argument("--slow-pages", type=int, default=40)
-    parser.add_argument("--fast-pages", type=int, default=800)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--slow-pages", type=int, default=100)
+    parser.add_argument("--fast-pages", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rows", default=",".join(ROWS))
     args = parser.parse_args(argv)
     redis = Redis()
