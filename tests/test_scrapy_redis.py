@@ -410,3 +410,22 @@ def test_two_processes_share_the_queue_and_the_slow_host_limit(
         if slow["first_arrival_epoch"] + record[0] + record[4] <= last_fast
     )
     assert slow_done_before <= SLOW_PAGES // 3
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@pytest.mark.parametrize("size", [1, 3])
+@deferred_f_from_coro_f
+async def test_a_full_buffer_stops_popping_and_drops_nothing(
+    simhosts, redis_server, reactor, size
+):
+    """With room for 1 or 3 waiting requests, the scheduler stops popping
+    from Redis while the buffer is full: every page is still fetched once,
+    S stays at its limit, and F is held back more than with the default
+    buffer (S's waiting pages fill it)."""
+    hosts = simhosts(SLOW, FAST)
+    settings = crawl_settings(hosts, redis_server.url, None)
+    settings["THROTTLING_REDIS_BUFFER_SIZE"] = size
+    outcome = await crawl(reactor, settings, page_urls(hosts))
+    assert_every_page_once(outcome, hosts)
+    assert max_in_service([hosts.stats("S")]) <= SLOW_LIMIT
+    assert slow_answered_when_fast_done(outcome, hosts) > SLOW_PAGES // 3
