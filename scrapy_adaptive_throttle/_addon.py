@@ -30,6 +30,8 @@ _DIAGNOSTICS = "scrapy_adaptive_throttle._diagnostics.ThrottlingDiagnostics"
 #: After HttpCacheMiddleware (900): cache hits never wait nor back off, and
 #: the raw response is seen before RetryMiddleware (550) retries it.
 MIDDLEWARE_PRIORITY = 950
+_SCRAPY_REDIS_SCHEDULER = "scrapy_redis.scheduler.Scheduler"
+_REDIS_SCHEDULER = "scrapy_adaptive_throttle.redis_scheduler.ThrottlingRedisScheduler"
 _AUTOTHROTTLE = "scrapy.extensions.throttle.AutoThrottle"
 _SCRAPY_DOWNLOADER = "scrapy.core.downloader.Downloader"
 _SCRAPY_PRIORITY_QUEUES = {
@@ -44,7 +46,9 @@ class Addon:
     It registers the defaults of every setting of the plugin, installs
     :class:`~scrapy_adaptive_throttle.ThrottlingDownloader`, the
     throttling-aware priority queue and the throttling downloader middleware,
-    and switches off AutoThrottle (which would throttle a second time).
+    and switches off AutoThrottle (which would throttle a second time). A
+    :setting:`SCHEDULER` of scrapy-redis's (``scrapy_redis.scheduler.Scheduler``)
+    becomes :class:`~scrapy_adaptive_throttle.redis_scheduler.ThrottlingRedisScheduler`.
 
     On a Scrapy that ships its own throttling (``scrapy.throttling``, see
     :ref:`native-throttling`) it installs only what that Scrapy lacks: the
@@ -84,6 +88,30 @@ class Addon:
         settings.set_in_component_priority_dict(
             "DOWNLOADER_MIDDLEWARES", load_object(_MIDDLEWARE), MIDDLEWARE_PRIORITY
         )
+        self._use_throttling_redis_scheduler(settings)
+
+    @staticmethod
+    def _use_throttling_redis_scheduler(settings: BaseSettings) -> None:
+        """scrapy-redis's scheduler becomes its throttling-aware subclass."""
+        scheduler: Any = settings.get("SCHEDULER")
+        path = (
+            scheduler
+            if isinstance(scheduler, str)
+            else f"{scheduler.__module__}.{scheduler.__qualname__}"
+            if isinstance(scheduler, type)
+            else ""
+        )
+        if path != _SCRAPY_REDIS_SCHEDULER:
+            # A subclass of it is someone's own scheduler: left alone (the
+            # start-up warning names the class to derive from instead).
+            return
+        # At the priority of the user's choice: the subclass keeps every
+        # scrapy-redis setting's meaning, it only stops handing the engine
+        # requests whose scopes are not ready.
+        priority = max(
+            settings.getpriority("SCHEDULER") or 0, SETTINGS_PRIORITIES["addon"]
+        )
+        settings.set("SCHEDULER", _REDIS_SCHEDULER, priority=priority)
 
     @staticmethod
     def _plug_into_native(settings: BaseSettings, owned: list[str]) -> None:

@@ -119,23 +119,27 @@ def _warn_about_settings_that_undo_it(
         )
     queue_problem = _throttling_queue_problem(settings)
     if queue_problem:
+        problem, remedy = queue_problem
         logger.warning(
             "%s, so the throttling-aware scheduler queue is not used: requests "
             "whose scopes are at their limit (or backing off) are handed to the "
             "downloader anyway and wait at its gate, where each takes one of the "
             "CONCURRENT_REQUESTS slots, so a slow or backed-off host holds back "
             "the requests of every other host (head-of-line blocking). "
-            "Throttling limits still hold. Remove that setting to use %s.",
-            queue_problem,
-            _THROTTLING_QUEUE,
+            "Throttling limits still hold. %s.",
+            problem,
+            remedy,
         )
 
 
 _THROTTLING_QUEUE = "scrapy_adaptive_throttle.ThrottlingAwarePriorityQueue"
+_SCRAPY_REDIS_SCHEDULER = "scrapy_redis.scheduler.Scheduler"
+_REDIS_SCHEDULER = "scrapy_adaptive_throttle.redis_scheduler.ThrottlingRedisScheduler"
 
 
-def _throttling_queue_problem(settings: BaseSettings) -> str | None:
-    """Why the throttling-aware priority queue is not in use, or ``None``."""
+def _throttling_queue_problem(settings: BaseSettings) -> tuple[str, str] | None:
+    """Why the throttling-aware priority queue is not in use and what to do
+    about it, or ``None``."""
     from scrapy.core.scheduler import Scheduler
     from scrapy.utils.misc import load_object
 
@@ -145,16 +149,26 @@ def _throttling_queue_problem(settings: BaseSettings) -> str | None:
     scheduler_cls = load_object(scheduler) if isinstance(scheduler, str) else scheduler
     # Not issubclass(): BaseScheduler's metaclass takes any class with the
     # scheduler methods for a subclass of every scheduler, Scheduler included.
-    if not (isinstance(scheduler_cls, type) and Scheduler in scheduler_cls.__mro__):
-        # e.g. scrapy-redis: its scheduler has queues of its own.
-        return (
+    mro = scheduler_cls.__mro__ if isinstance(scheduler_cls, type) else ()
+    if _REDIS_SCHEDULER in {f"{cls.__module__}.{cls.__qualname__}" for cls in mro}:
+        return None  # its buffer is a ThrottlingAwarePriorityQueue
+    if Scheduler not in mro:
+        problem = (
             f"SCHEDULER is {scheduler!r}, which does not use SCHEDULER_PRIORITY_QUEUE"
         )
+        if _SCRAPY_REDIS_SCHEDULER in {
+            f"{cls.__module__}.{cls.__qualname__}" for cls in mro
+        }:
+            return problem, f"Derive it from {_REDIS_SCHEDULER} instead"
+        return problem, f"Remove that setting to use {_THROTTLING_QUEUE}"
     queue = settings.get("SCHEDULER_PRIORITY_QUEUE")
     queue_cls = load_object(queue) if isinstance(queue, str) else queue
     if not (
         isinstance(queue_cls, type)
         and issubclass(queue_cls, ThrottlingAwarePriorityQueue)
     ):
-        return f"SCHEDULER_PRIORITY_QUEUE is {queue!r}"
+        return (
+            f"SCHEDULER_PRIORITY_QUEUE is {queue!r}",
+            f"Remove that setting to use {_THROTTLING_QUEUE}",
+        )
     return None

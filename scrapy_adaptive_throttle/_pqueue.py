@@ -339,6 +339,26 @@ class ThrottlingAwarePriorityQueue:
                 )
         return self._queues.close()
 
+    def drain(self) -> list[Request]:
+        """Close the queue and return every request it holds, none of them
+        reserved: for a scheduler that keeps its requests elsewhere
+        (``ThrottlingRedisScheduler`` pushes them back to its Redis queue).
+
+        Requests held for their :reqmeta:`throttling_delay` come first; a
+        request whose scopes an asynchronous ``get_scopes`` is still
+        resolving is not among them.
+        """
+        self._wakeup.cancel()
+        self.gate.remove_release_listener(self._schedule.wake_one)
+        self.gate.remove_timer_listener(self._schedule.on_timer_opened)
+        requests = list(self._delayed.pop_all())
+        for entry in list(self._schedule.entries.values()):
+            while (request := entry.queue.pop()) is not None:
+                requests.append(request)
+        self._queues.close()
+        self._size -= len(requests)
+        return requests
+
     def __len__(self) -> int:
         return self._size
 

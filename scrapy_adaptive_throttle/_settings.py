@@ -95,6 +95,8 @@ DEFAULTS: dict[str, Any] = {
     "THROTTLING_STATE_URL": None,
     "THROTTLING_STATE_PREFIX": "throttling",
     "THROTTLING_STATE_PROCESSES": 1,
+    # scrapy-redis's scheduler (redis_scheduler.py): its local buffer.
+    "THROTTLING_REDIS_BUFFER_SIZE": 1000,
 }
 
 
@@ -182,6 +184,9 @@ class ThrottlingSettings:
     #: Ids of the ``"other"`` scopes that came from a ``download_slot`` set by
     #: another component (see :meth:`add_slot_scope`).
     slot_scopes: set[str] = field(default_factory=set)
+    #: :setting:`THROTTLING_REDIS_BUFFER_SIZE`: the most requests
+    #: ``ThrottlingRedisScheduler`` keeps waiting for their scopes.
+    redis_buffer_size: int = 1000
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ThrottlingSettings:
@@ -336,6 +341,11 @@ class ThrottlingSettings:
             scopes=scopes,
             common=common,
             scopes_set=read.is_set_above_default("THROTTLING_SCOPES"),
+            redis_buffer_size=to_int(
+                read.raw("THROTTLING_REDIS_BUFFER_SIZE"),
+                "THROTTLING_REDIS_BUFFER_SIZE",
+                minimum=1,
+            ),
         )
 
     def scope(self, scope_id: str) -> ScopeSettings:
