@@ -12,10 +12,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler, CrawlerRunner
 from scrapy.http import Response
 from scrapy.spidermiddlewares.httperror import HttpError
+from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
@@ -91,7 +92,11 @@ class PagesSpider(Spider):
       response: ``url``, ``index``, ``time``, ``error`` (exception class name),
       ``message``;
     * :meth:`unanswered`: indexes of URLs with neither, which must be empty
-      when no request was lost.
+      when no request was lost;
+    * ``sent``: ``[time, path]`` of every request of ``urls`` (retries and
+      redirects included, the index page of ``follow`` mode left out) when
+      Scrapy handed it to the downloader (``request_reached_downloader``):
+      its send, free of the transit jitter of the server's arrival times.
 
     With ``follow=True`` (default: :attr:`follow_by_default`), no URL is a
     start request: the only start request is an index page (a ``data:`` URL,
@@ -128,6 +133,19 @@ class PagesSpider(Spider):
         self.request_kwargs = dict(request_kwargs or {})
         self.responses: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
+        self.sent: list[list[Any]] = []
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Any:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        crawler.signals.connect(
+            spider._record_send, signal=signals.request_reached_downloader
+        )
+        return spider
+
+    def _record_send(self, request: Request) -> None:
+        if "pages_index" in request.meta:
+            self.sent.append([time.monotonic(), urlparse_cached(request).path])
 
     async def start(self) -> AsyncIterator[Any]:
         if self.follow:

@@ -1,8 +1,12 @@
 """Quotas in real crawls against the simulated hosts of :mod:`simhosts`.
 
 Requests carry their expected consumption in the ``throttling_scopes`` meta
-key (``{"api": amount}``); the server's arrival records show how much went
-out per quota window. Windows are 0.5 to 1 s so that a test takes seconds.
+key (``{"api": amount}``). What went out per quota window is read from the
+sends (``PagesSpider.sent``, Scrapy's ``request_reached_downloader``): the
+server's arrival times add the transit of each request, which on a loaded
+machine can exceed 0.2 s and move an arrival into the next burst. The server
+still confirms that every request arrived once and that the arrivals spread
+over the windows. Windows are 0.5 to 1 s so that a test takes seconds.
 """
 
 from __future__ import annotations
@@ -27,15 +31,30 @@ def settings(**extra: Any) -> dict[str, Any]:
     return {"ADDONS": ADDON, "DOWNLOAD_DELAY": 0, "CONCURRENT_REQUESTS": 32, **extra}
 
 
-def bursts(arrivals: list[list[Any]], gap: float) -> list[list[list[Any]]]:
-    """Group arrivals into bursts separated by more than *gap* seconds."""
+#: Most a request may spend between its send and its arrival at the server
+#: on a loaded machine (seen: 0.13-0.18 s; see tests/test_invariants.py).
+MAX_TRANSIT = 0.3
+
+
+def bursts(records: list[list[Any]], gap: float) -> list[list[list[Any]]]:
+    """Group ``[time, path, ...]`` records into bursts separated by more than
+    *gap* seconds."""
     groups: list[list[list[Any]]] = []
-    for arrival in sorted(arrivals):
-        if groups and arrival[0] - groups[-1][-1][0] <= gap:
-            groups[-1].append(arrival)
+    for record in sorted(records):
+        if groups and record[0] - groups[-1][-1][0] <= gap:
+            groups[-1].append(record)
         else:
-            groups.append([arrival])
+            groups.append([record])
     return groups
+
+
+def check_at_server(arrivals: list[list[Any]], sent: list[list[Any]]) -> None:
+    """The server saw every send once, and its arrivals span the time the
+    sends took, less one transit."""
+    assert sorted(path for _, path, *_ in arrivals) == sorted(p for _, p in sent)
+    send_span = max(t for t, _ in sent) - min(t for t, _ in sent)
+    arrival_span = max(a[0] for a in arrivals) - min(a[0] for a in arrivals)
+    assert arrival_span >= send_span - MAX_TRANSIT, (arrival_span, send_span)
 
 
 class TimedSpider(PagesSpider):
@@ -58,7 +77,8 @@ async def test_no_more_than_the_quota_per_window(simhosts):
         meta={"throttling_scopes": {"api": 2.0}},
     )
     assert crawler.spider.unanswered() == []
-    groups = bursts(hosts.stats("A")["arrivals"], gap=0.5)
+    check_at_server(hosts.stats("A")["arrivals"], crawler.spider.sent)
+    groups = bursts(crawler.spider.sent, gap=0.5)
     assert [len(group) for group in groups] == [5, 5, 5]
     for earlier, later in itertools.pairwise(groups):
         assert later[0][0] - earlier[0][0] >= 0.95
@@ -81,7 +101,8 @@ async def test_large_requests_open_each_window_and_small_ones_fill_it(simhosts):
         metas=metas,
     )
     assert crawler.spider.unanswered() == []
-    groups = bursts(hosts.stats("A")["arrivals"], gap=0.2)
+    check_at_server(hosts.stats("A")["arrivals"], crawler.spider.sent)
+    groups = bursts(crawler.spider.sent, gap=0.2)
     units = [
         sum(8 if "/large/" in path else 1 for _, path, *_ in group) for group in groups
     ]
