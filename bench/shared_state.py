@@ -233,11 +233,47 @@ def crawl_processes(
         "max_in_service": max_in_service([stats]),
         "503": sum(1 for record in stats["arrivals"] if record[3] == 503),
         "commands_per_request": commands / len(stats["arrivals"]) if commands else None,
+        "first_arrival_epoch": stats["first_arrival_epoch"],
+        "process_results": results,
     }
 
 
-def api(redis: Redis, processes: int, pages: int, rate: float) -> None:
-    """The rate-limited API crawled by *processes* processes, shared or not."""
+#: Server times (seconds from the first arrival) at which the API part's
+#: trace reads each process's learned pace.
+TRACE_TIMES = (2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 90.0)
+
+
+def pace_trace(result: dict[str, Any], rate: float) -> str:
+    """Each process's learned pace (requests/s, 1 / its learned interval)
+    at :data:`TRACE_TIMES`, and their sum over R (what the processes
+    believe the API allows them together), or, when every process has the
+    same pace (one shared pace), that pace over R."""
+    first = result["first_arrival_epoch"]
+    lines = []
+    for at in TRACE_TIMES:
+        paces = []
+        for crawl in result["process_results"]:
+            samples = crawl["hosts"]["A"]["state_samples"]
+            before = [s for s in samples if s["t"] - first <= at]
+            interval = before[-1].get("learned_interval") if before else None
+            paces.append(1 / interval if interval else None)
+        known = [pace for pace in paces if pace is not None]
+        shown = " ".join("-" if p is None else f"{p:.1f}" for p in paces)
+        if not known:
+            total = "-"
+        elif len(known) == len(paces) and max(known) - min(known) < 0.05:
+            total = f"one pace, / R {known[0] / rate:.2f}"  # shared: one pace
+        else:
+            total = f"sum / R {sum(known) / rate:.2f}"
+        lines.append(f"    t = {at:4.0f} s: paces {shown} req/s, {total}")
+    return "\n".join(lines)
+
+
+def api(
+    redis: Redis, processes: int, pages: int, rate: float, trace: bool = False
+) -> None:
+    """The rate-limited API crawled by *processes* processes, shared or not;
+    with *trace*, each process's learned pace over time after the table."""
     host = {"name": "A", "kind": "ratelimit", "rate": rate, "service_time": 0.01}
     print(
         f"\n## {processes} processes, a rate-limited API (R = {rate:g} requests/s "
@@ -249,10 +285,12 @@ def api(redis: Redis, processes: int, pages: int, rate: float) -> None:
         "| 429s | after 10 s: 429s per 10 s | Redis commands / request |"
     )
     print("|---|---|---|---|---|---|---|")
+    traces = []
     for name, url in (("shared (Redis)", redis.url), ("independent", None)):
         redis.flush()
         time.sleep(0.5)
         result = crawl_processes(url, processes, pages, None, host)
+        traces.append((name, result))
         commands = result["commands_per_request"]
         late = result["late_pages_per_second"]
         late_429 = result["late_429_per_10s"]
@@ -263,6 +301,9 @@ def api(redis: Redis, processes: int, pages: int, rate: float) -> None:
             f"{'-' if late_429 is None else f'{late_429:.2f}'} | "
             f"{'-' if commands is None else f'{commands:.2f}'} |"
         )
+    if trace:
+        for name, result in traces:
+            print(f"learned pace per process, {name}:\n{pace_trace(result, rate)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=float, default=50.0, help="api part: the API's R, requests/s"
     )
     parser.add_argument("--api-pages", type=int, default=2500)
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="api part: also print each process's learned pace over time",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer pages")
     parser.add_argument(
         "--fixed",
@@ -361,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'-' if commands is None else f'{commands:.2f}'} |"
                 )
         if args.part in ("api", "all"):
-            api(redis, args.processes, args.api_pages, args.rate)
+            api(redis, args.processes, args.api_pages, args.rate, args.trace)
     finally:
         redis.close()
     return 0
