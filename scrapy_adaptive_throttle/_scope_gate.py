@@ -148,7 +148,9 @@ class ScopeGate:
         self.reserved[request] = reservation
         self.reserved_at[request] = now
         if self.shared is not None:
-            self.shared.claim(request, [scope_id for scope_id, _ in scope_values])
+            self.shared.claim(
+                request, [scope_id for scope_id, _ in scope_values], sent_at=now
+            )
 
     def release(self, request: Request) -> None:
         """Free the slots reserved for *request*. Idempotent."""

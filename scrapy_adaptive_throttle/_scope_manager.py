@@ -26,6 +26,7 @@ from ._scope import Scope
 from ._scope_state import LocalScopeStore, ScopeStore
 from ._settings import ScopeSettings, ThrottlingSettings
 from ._shared_limit import share_limit
+from ._shared_pace import share_pace
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -87,6 +88,8 @@ class ThrottlingScopeManager:
             stats=self._stats,
             debug=self._debug,
         )
+        # With THROTTLING_STATE_URL, the pace learned from 429s is one pace.
+        share_pace(crawler, self.scope)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, config: dict[str, Any]) -> Self:

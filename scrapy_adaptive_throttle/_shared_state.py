@@ -53,6 +53,7 @@ from ._redis_scripts import ACQUIRE_SCRIPT, ADOPT_SCRIPT, HOLD_SCRIPT, RELEASE_S
 from ._settings import report_invalid_setting
 from ._shared_connection import ScopeCheck, SharedConnection, fallback_check
 from ._shared_limit import AdaptiveScopes
+from ._shared_pace import SharedPaces
 from ._shared_state_settings import LEASE_MARGIN, SharedStateSettings
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ __all__ = [
 RECHECK_INTERVAL = 0.02
 
 #: The keys of a scope a check reads or writes, in the check script's order.
-SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit")
+SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit", "sends", "pace")
 
 
 class SharedState(SharedConnection):
@@ -127,6 +128,8 @@ class SharedState(SharedConnection):
         self.adaptive = AdaptiveScopes(
             self, self._key, schedule, lambda: self._releases.add([])
         )
+        #: The paces learned from 429s: one per scope across processes.
+        self.paces = SharedPaces(self, self._key)
 
     @classmethod
     def from_crawler(
@@ -151,6 +154,7 @@ class SharedState(SharedConnection):
             state = cls(config, clock=clock, stats=crawler.stats, schedule=call_later)
             state.ping()
             state.adaptive.install(crawler)
+            state.paces.install(crawler)
         except SharedStateUnavailableError as exc:
             report_invalid_setting(exc)
             raise
@@ -196,19 +200,26 @@ class SharedState(SharedConnection):
             keys += (samples_key, lease_key)
             args.append(sample)
         ceiling = self.adaptive.ceiling
+        pace = self.paces.check_args
         for scope_id, limit, _, spacing in scopes:
             keys += (self._key(kind, scope_id) for kind in SCOPE_KEYS)
             args += (
                 -1 if limit is None else limit,
                 max(0, round(spacing * 1e6)),
                 ceiling(scope_id),
+                *pace(scope_id),
             )
         try:
-            status, wait, *limits = self._call(self._acquire, keys, args)
+            status, wait, server_now, *answers = self._call(self._acquire, keys, args)
         except RedisFailure:
             return fallback_check(scopes, self.config.processes)
-        for (scope_id, *_), value in zip(scopes, limits, strict=True):
+        count = len(scopes)
+        for (scope_id, *_), value, published in zip(
+            scopes, answers[:count], answers[count:], strict=True
+        ):
             self.adaptive.published(scope_id, int(value))
+            if published:
+                self.paces.published(scope_id, published, int(server_now))
         if status == 1:
             self._pending = (tuple(scope for scope, *_ in scopes), token)
             return 0.0, None
@@ -220,8 +231,15 @@ class SharedState(SharedConnection):
             return 0.0, scope_id
         return RECHECK_INTERVAL, None
 
-    def claim(self, request: Request, scope_ids: Sequence[ScopeID]) -> None:
-        """Tie the lease of the last check to *request*, just reserved.
+    def claim(
+        self,
+        request: Request,
+        scope_ids: Sequence[ScopeID],
+        sent_at: float | None = None,
+    ) -> None:
+        """Tie the lease of the last check to *request*, just reserved (at
+        *sent_at*, on the manager's clock: a 429 for it then finds its send
+        among the scope's sends, see :mod:`._shared_pace`).
 
         A reservation without a check before it (a custom caller of
         ``reserve()``) is leased now, whatever the limits, so that other
@@ -232,6 +250,8 @@ class SharedState(SharedConnection):
         self._pending = None
         if pending is not None and pending[0] == scopes:
             self._leases[request] = (pending[1], scopes)
+            if sent_at is not None:
+                self.paces.sent(sent_at, pending[1])
             return
         if pending is not None:
             self._free(*pending)

@@ -143,9 +143,12 @@ def test_every_key_expires(redis_server, prefix):
     state.hold("host", 2.0)
     client = redis_server.client()
     keys = sorted(key.decode() for key in client.keys(f"{prefix}:*"))
-    assert keys == [f"{prefix}:{kind}:host" for kind in ("hold", "lease", "next")]
+    assert keys == [
+        f"{prefix}:{kind}:host" for kind in ("hold", "lease", "next", "sends")
+    ]
     ttls = {key: client.pttl(key) for key in keys}
     assert 0 < ttls[f"{prefix}:lease:host"] <= 20_000
+    assert 0 < ttls[f"{prefix}:sends:host"] <= 2_000
     assert 0 < ttls[f"{prefix}:next:host"] <= 2_000
     assert 0 < ttls[f"{prefix}:hold:host"] <= 3_000
 
