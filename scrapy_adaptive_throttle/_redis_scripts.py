@@ -42,12 +42,16 @@ SENDS_KEEP_US = 2_000_000
 
 #: KEYS: the lease keys of R releases, the S sample pairs (samples list,
 #: lease key), then the lease, next-send, hold, samples, limit, sends and
-#: pace key of each scope. ARGV: token, lease TTL, R, S, the R released
-#: tokens, the S samples ("kind latency"), then the limit (-1: none), the
-#: spacing, the adaptive ceiling (0: not adaptive), the learned pace's
-#: interval (µs, 0: none) and the pace state this process knows ("":
-#: none) of each scope. Returns ``{status, wait, now, limits...,
-#: paces...}``: status 1 = leased (every scope), 0 = not leased, -i = not
+#: pace key of each scope, then this process's marker. ARGV: token, lease
+#: TTL, R, S, the R released tokens, the S samples ("kind latency"), then
+#: the limit (-1: none), the spacing, the adaptive ceiling (0: not
+#: adaptive), the learned pace's interval (µs, 0: none) and the pace state
+#: this process knows ("": none) of each scope, then how many leased
+#: requests this process has in flight. Returns ``{status, wait, now,
+#: limits..., paces...}``: status 2 = the marker was missing while this
+#: process has leases in flight (Redis lost its state without a failed
+#: call: lease them again, then check again), 1 = leased (every scope),
+#: 0 = not leased, -i = not
 #: leased and scope i is at its limit; wait = microseconds until every time
 #: gate opens; the server's time; then the shared adaptive limit of each
 #: scope (-1: none published); then the shared pace state of each scope
@@ -65,11 +69,21 @@ ACQUIRE_SCRIPT = (
 local ttl = tonumber(ARGV[2])
 local released = tonumber(ARGV[3])
 local sampled = tonumber(ARGV[4])
+-- The marker lives as long as a lease: missing while this process has
+-- leases in flight, Redis lost them (restarted empty, flushed, failed
+-- over) without this process seeing a failed call. Checked first, so
+-- that nothing is written twice by the check asked again.
+local marker = KEYS[#KEYS]
+local lost = redis.call('EXISTS', marker) == 0
+redis.call('SET', marker, 1, 'PX', math.ceil(ttl / 1000))
+if lost and tonumber(ARGV[#ARGV]) > 0 then
+  return {2, 0, string.format('%.0f', now)}
+end
 push_samples(released + 1, 5 + released, sampled)
 for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[4 + i]) end
 local first = released + 2 * sampled
 local base = 4 + released + sampled
-local scopes = (#KEYS - first) / 7
+local scopes = (#KEYS - first - 1) / 7
 local blocked = 0
 local wait = 0
 local limits = {}
@@ -187,17 +201,20 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
 return 1
 """
 
-#: KEYS: lease keys. ARGV: token, lease TTL, then one token per key: lease
-#: without looking at limits (a request already in flight).
+#: KEYS: this process's marker, then lease keys. ARGV: unused, lease TTL,
+#: then one token per lease key: lease without looking at limits (a
+#: request already in flight), and mark this process's leases as known to
+#: this Redis (see the check script).
 ADOPT_SCRIPT = (
     _NOW_PREAMBLE
     + """
 local ttl = tonumber(ARGV[2])
-for i = 1, #KEYS do
-  redis.call('ZADD', KEYS[i], now + ttl, ARGV[2 + i])
+redis.call('SET', KEYS[1], 1, 'PX', math.ceil(ttl / 1000))
+for i = 2, #KEYS do
+  redis.call('ZADD', KEYS[i], now + ttl, ARGV[1 + i])
   redis.call('PEXPIRE', KEYS[i], math.ceil(ttl / 1000))
 end
-return #KEYS
+return #KEYS - 1
 """
 )
 

@@ -25,7 +25,10 @@ Every key has a TTL, so the state of scopes nobody uses any more expires.
 When Redis is lost mid-crawl, the processes fall back to in-process limits
 (each scope's limit divided by :setting:`THROTTLING_STATE_PROCESSES`),
 retry the connection with exponential backoff, and share again once it is
-back, leasing again what they have in flight.
+back, leasing again what they have in flight. A Redis emptied without a
+failed call (redis-py reconnected by itself to a restarted server, a
+flush, a failover) is noticed by this process's marker key, missing at a
+check: the requests in flight are leased again the same way.
 """
 
 from __future__ import annotations
@@ -118,6 +121,9 @@ class SharedState(SharedConnection):
         self._hold = client.register_script(HOLD_SCRIPT)
         self._ttl = round(config.lease_ttl * 1e6)
         self._token_prefix = uuid.uuid4().hex[:12]
+        #: This process's marker: missing at a check while this process has
+        #: leases in flight, Redis lost its state without a failed call.
+        self._marker = f"{config.prefix}:process:{self._token_prefix}"
         self._tokens = itertools.count(1)
         #: The lease taken by the last successful check, until claimed.
         self._pending: tuple[tuple[ScopeID, ...], str] | None = None
@@ -209,8 +215,15 @@ class SharedState(SharedConnection):
                 ceiling(scope_id),
                 *pace(scope_id),
             )
+        keys.append(self._marker)
+        args.append(len(self._leases))
         try:
             status, wait, server_now, *answers = self._call(self._acquire, keys, args)
+            if status == 2:
+                self._lost_silently()
+                status, wait, server_now, *answers = self._call(
+                    self._acquire, keys, args
+                )
         except RedisFailure:
             return fallback_check(scopes, self.config.processes)
         count = len(scopes)
@@ -349,15 +362,29 @@ class SharedState(SharedConnection):
         self._lease_in_flight(in_flight)
         return len(in_flight)
 
+    def _lost_silently(self) -> None:
+        """Redis answers but lost this process's leases (a restart that
+        redis-py reconnected to by itself, a flush, a failover): lease the
+        requests in flight again, as after a noticed loss."""
+        leased = self._resume()
+        if self._stats is not None:
+            self._stats.inc_value("throttling/shared_state/reconnect_count")
+        logger.warning(
+            "The shared throttling state at %s (THROTTLING_STATE_URL) lost this "
+            "process's leases without a failed call (Redis restarted empty, "
+            "flushed or failed over?): %d request(s) in flight leased again",
+            self.url,
+            leased,
+        )
+
     def _lease_in_flight(self, entries: list[tuple[str, tuple[ScopeID, ...]]]) -> None:
-        keys: list[str] = []
+        keys: list[str] = [self._marker]
         tokens: list[str] = []
         for token, scopes in entries:
             for scope_id in scopes:
                 keys.append(self._key("lease", scope_id))
                 tokens.append(token)
-        if keys:
-            self._call(self._adopt, keys, ["", self._ttl, *tokens])
+        self._call(self._adopt, keys, ["", self._ttl, *tokens])
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}:{next(self._tokens)}"
