@@ -41,12 +41,13 @@ end
 SENDS_KEEP_US = 2_000_000
 
 #: KEYS: the lease keys of R releases, the S sample pairs (samples list,
-#: lease key), then the lease, next-send, hold, samples, limit, sends and
-#: pace key of each scope, then this process's marker. ARGV: token, lease
-#: TTL, R, S, the R released tokens, the S samples ("kind latency"), then
-#: the limit (-1: none), the spacing, the adaptive ceiling (0: not
-#: adaptive), the learned pace's interval (µs, 0: none) and the pace state
-#: this process knows ("": none) of each scope, then how many leased
+#: lease key), then the lease, next-send, hold, samples, limit, sends,
+#: pace and quota key of each scope, then this process's marker. ARGV:
+#: token, lease TTL, R, S, the R released tokens, the S samples ("kind
+#: latency"), then the limit (-1: none), the spacing, the adaptive ceiling
+#: (0: not adaptive), the learned pace's interval (µs, 0: none), the pace
+#: state this process knows ("": none), the quota (-1: none), its window
+#: (µs) and the request's amount of each scope, then how many leased
 #: requests this process has in flight. Returns ``{status, wait, now,
 #: limits..., paces...}``: status 2 = the marker was missing while this
 #: process has leases in flight (Redis lost its state without a failed
@@ -83,18 +84,19 @@ push_samples(released + 1, 5 + released, sampled)
 for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[4 + i]) end
 local first = released + 2 * sampled
 local base = 4 + released + sampled
-local scopes = (#KEYS - first - 1) / 7
+local scopes = (#KEYS - first - 1) / 8
 local blocked = 0
 local wait = 0
 local limits = {}
 local paces = {}
 local nexts = {}
+local windows = {}
 for i = 1, scopes do
-  local k = first + 7 * (i - 1)
+  local k = first + 8 * (i - 1)
   local lease = KEYS[k + 1]
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
-  local limit = tonumber(ARGV[base + 5 * i - 4])
-  local ceiling = tonumber(ARGV[base + 5 * i - 2])
+  local limit = tonumber(ARGV[base + 8 * i - 7])
+  local ceiling = tonumber(ARGV[base + 8 * i - 5])
   limits[i] = -1
   if ceiling > 0 then
     local shared = redis.call('GET', KEYS[k + 5])
@@ -104,7 +106,7 @@ for i = 1, scopes do
     end
   end
   local pace = redis.call('GET', KEYS[k + 7])
-  if pace and pace ~= ARGV[base + 5 * i] then paces[i] = pace else paces[i] = '' end
+  if pace and pace ~= ARGV[base + 8 * i - 3] then paces[i] = pace else paces[i] = '' end
   if blocked == 0 and limit >= 0 and redis.call('ZCARD', lease) >= limit then
     blocked = i
   end
@@ -112,6 +114,24 @@ for i = 1, scopes do
   nexts[i] = next_send
   local hold = tonumber(redis.call('GET', KEYS[k + 3]) or '0')
   local gate = math.max(next_send, hold) - now
+  -- The quota: one fixed window for every process (QuotaWindow's rule).
+  local quota = tonumber(ARGV[base + 8 * i - 2])
+  local window = tonumber(ARGV[base + 8 * i - 1])
+  if quota >= 0 and window > 0 then
+    local amount = tonumber(ARGV[base + 8 * i])
+    local spent = redis.call('HMGET', KEYS[k + 8], 'start', 'consumed')
+    local start = tonumber(spent[1])
+    local consumed = tonumber(spent[2] or '0')
+    if start and now - start >= window then
+      -- Whole windows only: boundaries stay where the first use put them.
+      start = start + math.floor((now - start) / window) * window
+      consumed = 0
+    end
+    windows[i] = {start, consumed}
+    if start and consumed > 0 and consumed + amount > quota then
+      gate = math.max(gate, start + window - now)
+    end
+  end
   if gate > wait then wait = gate end
 end
 local stamp = string.format('%.0f', now)
@@ -119,11 +139,11 @@ for i = 1, scopes do table.insert(limits, paces[i]) end
 if blocked > 0 then return {-blocked, wait, stamp, unpack(limits)} end
 if wait > 0 then return {0, wait, stamp, unpack(limits)} end
 for i = 1, scopes do
-  local k = first + 7 * (i - 1)
+  local k = first + 8 * (i - 1)
   redis.call('ZADD', KEYS[k + 1], now + ttl, ARGV[1])
   redis.call('PEXPIRE', KEYS[k + 1], math.ceil(ttl / 1000))
-  local next_send = now + tonumber(ARGV[base + 5 * i - 3])
-  local interval = tonumber(ARGV[base + 5 * i - 1])
+  local next_send = now + tonumber(ARGV[base + 8 * i - 6])
+  local interval = tonumber(ARGV[base + 8 * i - 4])
   if interval > 0 then
     -- Allowed one interval after the previous send was allowed; a send
     -- more than half an interval late starts a new schedule (no burst).
@@ -135,11 +155,20 @@ for i = 1, scopes do
     redis.call('SET', KEYS[k + 2], next_send, 'PX',
                math.ceil((next_send - now) / 1000) + 1000)
   end
+  local spent = windows[i]
+  if spent then
+    local start = spent[1] or now
+    local window = tonumber(ARGV[base + 8 * i - 1])
+    redis.call('HSET', KEYS[k + 8], 'start', string.format('%.0f', start),
+               'consumed', spent[2] + tonumber(ARGV[base + 8 * i]))
+    redis.call('PEXPIRE', KEYS[k + 8],
+               math.ceil((start + window - now) / 1000) + 1000)
+  end
   local sends = KEYS[k + 6]
   redis.call('ZADD', sends, now, ARGV[1])
   redis.call('ZREMRANGEBYSCORE', sends, '-inf', now - SENDS_KEEP_US)
   redis.call('PEXPIRE', sends, SENDS_KEEP_US / 1000)
-  if tonumber(ARGV[base + 5 * i - 2]) > 0 then
+  if tonumber(ARGV[base + 8 * i - 5]) > 0 then
     local samples = KEYS[k + 4]
     redis.call('RPUSH', samples, 's ' .. stamp .. ' 0 ' ..
                redis.call('ZCARD', KEYS[k + 1]))

@@ -165,6 +165,13 @@ class ThrottlingScopeManager:
         process's sends by the same value this process does."""
         return self.scope.next_spacing()
 
+    def shared_quota(self) -> tuple[float, float] | None:
+        """``(quota, window)`` of this scope's quota (``None``: none): with
+        :setting:`THROTTLING_STATE_URL`, every process spends it from one
+        window in Redis."""
+        quota = self.scope.quota
+        return None if quota is None else (quota.quota, quota.window)
+
     def record_done(self, now: float | None = None) -> None:
         """Free the slot of a finished request and wake one waiter."""
         if self.scope.record_done(self._now() if now is None else now):

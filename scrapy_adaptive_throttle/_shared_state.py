@@ -73,6 +73,7 @@ __all__ = [
     "RECONNECT_MIN_DELAY",
     "RELEASE_BATCH_DELAY",
     "ScopeCheck",
+    "ScopeQuota",
     "SharedState",
     "SharedStateSettings",
     "SharedStateUnavailableError",
@@ -86,7 +87,23 @@ __all__ = [
 RECHECK_INTERVAL = 0.02
 
 #: The keys of a scope a check reads or writes, in the check script's order.
-SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit", "sends", "pace")
+SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit", "sends", "pace", "quota")
+
+#: A scope's quota in a check: ``(quota, window, amount)``, the request's
+#: amount ``None`` when it gave none.
+ScopeQuota = tuple[float, float, "float | None"]
+
+
+def _quota_args(quota: ScopeQuota | None) -> tuple[float, int, float]:
+    """The check script's quota arguments: quota (-1: none), window (µs),
+    amount (0.0 for none, as in QuotaWindow.consume)."""
+    if quota is None:
+        return -1, 0, 0.0
+    limit, window, amount = quota
+    spent = amount if amount is not None and amount > 0 else 0.0
+    if not math.isfinite(spent):
+        spent = 0.0
+    return limit, max(0, round(window * 1e6)), spent
 
 
 class SharedState(SharedConnection):
@@ -185,8 +202,16 @@ class SharedState(SharedConnection):
 
     # -- sends ------------------------------------------------------------
 
-    def check(self, scopes: Sequence[ScopeCheck]) -> tuple[float, ScopeID | None]:
+    def check(
+        self,
+        scopes: Sequence[ScopeCheck],
+        quotas: Sequence[ScopeQuota | None] | None = None,
+    ) -> tuple[float, ScopeID | None]:
         """``(wait, blocked)`` for a send whose local checks passed.
+
+        *quotas*: per scope, ``(quota, window, amount)`` of its quota and
+        the request's amount (``None``: no quota), spent from one window
+        in Redis with the lease.
 
         When the send is allowed, its lease is taken at once (the same round
         trip) and waits for :meth:`claim`. A scope whose leases are all taken
@@ -207,13 +232,16 @@ class SharedState(SharedConnection):
             args.append(sample)
         ceiling = self.adaptive.ceiling
         pace = self.paces.check_args
-        for scope_id, limit, _, spacing in scopes:
+        if quotas is None:
+            quotas = [None] * len(scopes)
+        for (scope_id, limit, _, spacing), quota in zip(scopes, quotas, strict=True):
             keys += (self._key(kind, scope_id) for kind in SCOPE_KEYS)
             args += (
                 -1 if limit is None else limit,
                 max(0, round(spacing * 1e6)),
                 ceiling(scope_id),
                 *pace(scope_id),
+                *_quota_args(quota),
             )
         keys.append(self._marker)
         args.append(len(self._leases))
