@@ -13,6 +13,17 @@ port (persistence off) and fresh simulated hosts per run:
     ratio Redis / in-process of the same repeat, and Redis commands per
     request (``throttling/shared_state/command_count`` over the requests the
     host received).
+``api``
+    A rate-limited API (R requests in any sliding second, 429 +
+    ``Retry-After: 1`` beyond) crawled by ``--processes`` processes with
+    the add-on's defaults, shared and independent: pages/s over R, 429s,
+    both overall and after the first 10 s; ``--trace`` adds each
+    process's learned pace over time.
+``quota``
+    One host (unlimited) crawled by ``--processes`` processes whose scope
+    has a quota (``--quota``: amount and window, default 20 per 2 s; 1
+    unit a request), shared and independent: requests per quota window at
+    the server (most and median), and requests/s over quota / window.
 ``processes``
     Host A crawled by ``--processes`` processes at once (each its share of
     ``--pages``), with a fixed scope concurrency, shared
@@ -138,10 +149,13 @@ def crawl_processes(
     pages: int,
     limit: int | None,
     host: dict[str, Any] = HOST_A,
+    *,
+    quota: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """*processes* crawling *host* (named A) at once; *limit* None: the
     add-on's adaptive limit (ceiling CONCURRENT_REQUESTS_PER_DOMAIN =
-    ADAPTIVE_CEILING)."""
+    ADAPTIVE_CEILING); *quota*: ``(quota, window)`` of A's scope, each
+    request consuming 1."""
     with SimHosts([host]) as hosts:
         base = hosts.url("A", "").rstrip("/")
         settings: dict[str, Any] = {"ADDONS": ADDON}
@@ -150,6 +164,12 @@ def crawl_processes(
         else:
             settings["THROTTLING_SCOPE_MANAGER"] = PLAIN_SCOPE_MANAGER
             settings["THROTTLING_SCOPES"] = {hosts.netloc("A"): {"concurrency": limit}}
+        meta: dict[str, Any] = {}
+        if quota is not None:
+            scopes = settings.setdefault("THROTTLING_SCOPES", {})
+            entry = scopes.setdefault(hosts.netloc("A"), {})
+            entry.update({"quota": quota[0], "window": quota[1]})
+            meta = {"throttling_scopes": {hosts.netloc("A"): 1.0}}
         if redis_url is not None:
             settings["THROTTLING_STATE_URL"] = redis_url
             settings["THROTTLING_STATE_PROCESSES"] = processes
@@ -163,6 +183,7 @@ def crawl_processes(
                             "name": "A",
                             "url": f"{base}/p{index}",
                             "pages": pages // processes,
+                            "meta": meta,
                         }
                     ],
                     "settings": settings,
@@ -234,6 +255,7 @@ def crawl_processes(
         "503": sum(1 for record in stats["arrivals"] if record[3] == 503),
         "commands_per_request": commands / len(stats["arrivals"]) if commands else None,
         "first_arrival_epoch": stats["first_arrival_epoch"],
+        "arrival_times": sorted(record[0] for record in stats["arrivals"]),
         "process_results": results,
     }
 
@@ -306,10 +328,55 @@ def api(
             print(f"learned pace per process, {name}:\n{pace_trace(result, rate)}")
 
 
+def quota_windows(times: list[float], window: float) -> list[int]:
+    """Requests at the server per quota window, counted between the middles
+    of the windows the first arrival started (a window's quota goes in a
+    burst at its start: a burst seen a few ms early stays in its window)."""
+    counts: dict[int, int] = {}
+    for arrival in times:
+        index = int((arrival - times[0] + window / 2) // window)
+        counts[index] = counts.get(index, 0) + 1
+    return [counts.get(index, 0) for index in range(max(counts) + 1)]
+
+
+def quota_part(
+    redis: Redis, processes: int, pages: int, quota: float, window: float
+) -> None:
+    """*processes* processes spending a quota of *quota* per *window* on one
+    host (unlimited, 10 ms a request), shared or not, counted at the server."""
+    host = {"name": "A", "kind": "unlimited", "service_time": 0.01}
+    print(
+        f"\n## {processes} processes, a quota of {quota:g} per {window:g} s on one "
+        "host (1 unit a request); add-on defaults"
+    )
+    print(
+        "| configuration | requests | windows | most in a window | median "
+        "| requests/s / (quota / window) | Redis commands / request |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, url in (("shared (Redis)", redis.url), ("independent", None)):
+        redis.flush()
+        time.sleep(0.5)
+        result = crawl_processes(
+            url, processes, pages, None, host, quota=(quota, window)
+        )
+        counts = quota_windows(result["arrival_times"], window)
+        times = result["arrival_times"]
+        rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+        commands = result["commands_per_request"]
+        print(
+            f"| {name} | {len(times)} | {len(counts)} | {max(counts)} | "
+            f"{statistics.median(counts):g} | {rate / (quota / window):.2f} | "
+            f"{'-' if commands is None else f'{commands:.2f}'} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--part", choices=["overhead", "processes", "api", "all"], default="all"
+        "--part",
+        choices=["overhead", "processes", "api", "quota", "all"],
+        default="all",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--processes", type=int, default=4)
@@ -330,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=float, default=50.0, help="api part: the API's R, requests/s"
     )
     parser.add_argument("--api-pages", type=int, default=2500)
+    parser.add_argument(
+        "--quota",
+        default="20,2",
+        help="quota part: the quota and its window (s), comma-separated",
+    )
+    parser.add_argument("--quota-pages", type=int, default=400)
     parser.add_argument(
         "--trace",
         action="store_true",
@@ -408,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if args.part in ("api", "all"):
             api(redis, args.processes, args.api_pages, args.rate, args.trace)
+        if args.part in ("quota", "all"):
+            amount, window = (float(value) for value in args.quota.split(","))
+            quota_part(redis, args.processes, args.quota_pages, amount, window)
     finally:
         redis.close()
     return 0
