@@ -5,7 +5,8 @@ every crawl gets a fresh reactor and a fresh Scrapy, and nothing measured in
 one run depends on another. The config (JSON, a file or ``-`` for stdin)::
 
     {
-      "hosts": [{"name": "A", "url": "http://127.0.0.1:PORT", "pages": 2000}],
+      "hosts": [{"name": "A", "url": "http://127.0.0.1:PORT", "pages": 2000,
+                 "meta": {...}}],      # meta: optional, of every request
       "settings": {...},          # Scrapy settings over CRAWL_BASE_SETTINGS
       "sample_interval": 0.1,     # seconds between samples of scope state
       "per_host_slots": true,     # one Scrapy download slot per host:port
@@ -186,6 +187,7 @@ class BenchSpider(Spider):
                     meta = (
                         {"download_slot": record.netloc} if self.per_host_slots else {}
                     )
+                    meta.update(host.get("meta", {}))
                     yield Request(
                         f"{host['url']}/page/{index}",
                         callback=self.parse,

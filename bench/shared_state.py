@@ -13,6 +13,17 @@ port (persistence off) and fresh simulated hosts per run:
     ratio Redis / in-process of the same repeat, and Redis commands per
     request (``throttling/shared_state/command_count`` over the requests the
     host received).
+``api``
+    A rate-limited API (R requests in any sliding second, 429 +
+    ``Retry-After: 1`` beyond) crawled by ``--processes`` processes with
+    the add-on's defaults, shared and independent: pages/s over R, 429s,
+    both overall and after the first 10 s; ``--trace`` adds each
+    process's learned pace over time.
+``quota``
+    One host (unlimited) crawled by ``--processes`` processes whose scope
+    has a quota (``--quota``: amount and window, default 20 per 2 s; 1
+    unit a request), shared and independent: requests per quota window at
+    the server (most and median), and requests/s over quota / window.
 ``processes``
     Host A crawled by ``--processes`` processes at once (each its share of
     ``--pages``), with a fixed scope concurrency, shared
@@ -138,10 +149,13 @@ def crawl_processes(
     pages: int,
     limit: int | None,
     host: dict[str, Any] = HOST_A,
+    *,
+    quota: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """*processes* crawling *host* (named A) at once; *limit* None: the
     add-on's adaptive limit (ceiling CONCURRENT_REQUESTS_PER_DOMAIN =
-    ADAPTIVE_CEILING)."""
+    ADAPTIVE_CEILING); *quota*: ``(quota, window)`` of A's scope, each
+    request consuming 1."""
     with SimHosts([host]) as hosts:
         base = hosts.url("A", "").rstrip("/")
         settings: dict[str, Any] = {"ADDONS": ADDON}
@@ -150,6 +164,12 @@ def crawl_processes(
         else:
             settings["THROTTLING_SCOPE_MANAGER"] = PLAIN_SCOPE_MANAGER
             settings["THROTTLING_SCOPES"] = {hosts.netloc("A"): {"concurrency": limit}}
+        meta: dict[str, Any] = {}
+        if quota is not None:
+            scopes = settings.setdefault("THROTTLING_SCOPES", {})
+            entry = scopes.setdefault(hosts.netloc("A"), {})
+            entry.update({"quota": quota[0], "window": quota[1]})
+            meta = {"throttling_scopes": {hosts.netloc("A"): 1.0}}
         if redis_url is not None:
             settings["THROTTLING_STATE_URL"] = redis_url
             settings["THROTTLING_STATE_PROCESSES"] = processes
@@ -163,6 +183,7 @@ def crawl_processes(
                             "name": "A",
                             "url": f"{base}/p{index}",
                             "pages": pages // processes,
+                            "meta": meta,
                         }
                     ],
                     "settings": settings,
@@ -233,11 +254,48 @@ def crawl_processes(
         "max_in_service": max_in_service([stats]),
         "503": sum(1 for record in stats["arrivals"] if record[3] == 503),
         "commands_per_request": commands / len(stats["arrivals"]) if commands else None,
+        "first_arrival_epoch": stats["first_arrival_epoch"],
+        "arrival_times": sorted(record[0] for record in stats["arrivals"]),
+        "process_results": results,
     }
 
 
-def api(redis: Redis, processes: int, pages: int, rate: float) -> None:
-    """The rate-limited API crawled by *processes* processes, shared or not."""
+#: Server times (seconds from the first arrival) at which the API part's
+#: trace reads each process's learned pace.
+TRACE_TIMES = (2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 90.0)
+
+
+def pace_trace(result: dict[str, Any], rate: float) -> str:
+    """Each process's learned pace (requests/s, 1 / its learned interval)
+    at :data:`TRACE_TIMES`, and their sum over R (what the processes
+    believe the API allows them together), or, when every process has the
+    same pace (one shared pace), that pace over R."""
+    first = result["first_arrival_epoch"]
+    lines = []
+    for at in TRACE_TIMES:
+        paces = []
+        for crawl in result["process_results"]:
+            samples = crawl["hosts"]["A"]["state_samples"]
+            before = [s for s in samples if s["t"] - first <= at]
+            interval = before[-1].get("learned_interval") if before else None
+            paces.append(1 / interval if interval else None)
+        known = [pace for pace in paces if pace is not None]
+        shown = " ".join("-" if p is None else f"{p:.1f}" for p in paces)
+        if not known:
+            total = "-"
+        elif len(known) == len(paces) and max(known) - min(known) < 0.05:
+            total = f"one pace, / R {known[0] / rate:.2f}"  # shared: one pace
+        else:
+            total = f"sum / R {sum(known) / rate:.2f}"
+        lines.append(f"    t = {at:4.0f} s: paces {shown} req/s, {total}")
+    return "\n".join(lines)
+
+
+def api(
+    redis: Redis, processes: int, pages: int, rate: float, trace: bool = False
+) -> None:
+    """The rate-limited API crawled by *processes* processes, shared or not;
+    with *trace*, each process's learned pace over time after the table."""
     host = {"name": "A", "kind": "ratelimit", "rate": rate, "service_time": 0.01}
     print(
         f"\n## {processes} processes, a rate-limited API (R = {rate:g} requests/s "
@@ -249,10 +307,12 @@ def api(redis: Redis, processes: int, pages: int, rate: float) -> None:
         "| 429s | after 10 s: 429s per 10 s | Redis commands / request |"
     )
     print("|---|---|---|---|---|---|---|")
+    traces = []
     for name, url in (("shared (Redis)", redis.url), ("independent", None)):
         redis.flush()
         time.sleep(0.5)
         result = crawl_processes(url, processes, pages, None, host)
+        traces.append((name, result))
         commands = result["commands_per_request"]
         late = result["late_pages_per_second"]
         late_429 = result["late_429_per_10s"]
@@ -263,12 +323,60 @@ def api(redis: Redis, processes: int, pages: int, rate: float) -> None:
             f"{'-' if late_429 is None else f'{late_429:.2f}'} | "
             f"{'-' if commands is None else f'{commands:.2f}'} |"
         )
+    if trace:
+        for name, result in traces:
+            print(f"learned pace per process, {name}:\n{pace_trace(result, rate)}")
+
+
+def quota_windows(times: list[float], window: float) -> list[int]:
+    """Requests at the server per quota window, counted between the middles
+    of the windows the first arrival started (a window's quota goes in a
+    burst at its start: a burst seen a few ms early stays in its window)."""
+    counts: dict[int, int] = {}
+    for arrival in times:
+        index = int((arrival - times[0] + window / 2) // window)
+        counts[index] = counts.get(index, 0) + 1
+    return [counts.get(index, 0) for index in range(max(counts) + 1)]
+
+
+def quota_part(
+    redis: Redis, processes: int, pages: int, quota: float, window: float
+) -> None:
+    """*processes* processes spending a quota of *quota* per *window* on one
+    host (unlimited, 10 ms a request), shared or not, counted at the server."""
+    host = {"name": "A", "kind": "unlimited", "service_time": 0.01}
+    print(
+        f"\n## {processes} processes, a quota of {quota:g} per {window:g} s on one "
+        "host (1 unit a request); add-on defaults"
+    )
+    print(
+        "| configuration | requests | windows | most in a window | median "
+        "| requests/s / (quota / window) | Redis commands / request |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, url in (("shared (Redis)", redis.url), ("independent", None)):
+        redis.flush()
+        time.sleep(0.5)
+        result = crawl_processes(
+            url, processes, pages, None, host, quota=(quota, window)
+        )
+        counts = quota_windows(result["arrival_times"], window)
+        times = result["arrival_times"]
+        rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+        commands = result["commands_per_request"]
+        print(
+            f"| {name} | {len(times)} | {len(counts)} | {max(counts)} | "
+            f"{statistics.median(counts):g} | {rate / (quota / window):.2f} | "
+            f"{'-' if commands is None else f'{commands:.2f}'} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--part", choices=["overhead", "processes", "api", "all"], default="all"
+        "--part",
+        choices=["overhead", "processes", "api", "quota", "all"],
+        default="all",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--processes", type=int, default=4)
@@ -289,6 +397,17 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=float, default=50.0, help="api part: the API's R, requests/s"
     )
     parser.add_argument("--api-pages", type=int, default=2500)
+    parser.add_argument(
+        "--quota",
+        default="20,2",
+        help="quota part: the quota and its window (s), comma-separated",
+    )
+    parser.add_argument("--quota-pages", type=int, default=400)
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="api part: also print each process's learned pace over time",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer pages")
     parser.add_argument(
         "--fixed",
@@ -361,7 +480,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{'-' if commands is None else f'{commands:.2f}'} |"
                 )
         if args.part in ("api", "all"):
-            api(redis, args.processes, args.api_pages, args.rate)
+            api(redis, args.processes, args.api_pages, args.rate, args.trace)
+        if args.part in ("quota", "all"):
+            amount, window = (float(value) for value in args.quota.split(","))
+            quota_part(redis, args.processes, args.quota_pages, amount, window)
     finally:
         redis.close()
     return 0

@@ -35,17 +35,34 @@ local function push_samples(first, args, count)
 end
 """
 
+#: How long a scope's sends (and refusals) are kept for the global count
+#: of the pace learned from 429s: the period before a refused send (1 s)
+#: and that send's own age.
+SENDS_KEEP_US = 2_000_000
+
 #: KEYS: the lease keys of R releases, the S sample pairs (samples list,
-#: lease key), then the lease, next-send, hold, samples and limit key of
-#: each scope. ARGV: token, lease TTL, R, S, the R released tokens, the S
-#: samples ("kind latency"), then the limit (-1: none), the spacing and the
-#: adaptive ceiling (0: not adaptive) of each scope. Returns ``{status,
-#: wait, limits...}``: status 1 = leased (every scope), 0 = not leased, -i
-#: = not leased and scope i is at its limit; wait = microseconds until
-#: every time gate opens; then the shared adaptive limit of each scope (-1:
-#: none published). Samples and releases go first, batched into the next
-#: check (see SharedState.release); a send to an adaptive scope adds an
-#: ``s`` sample with its scope's leases.
+#: lease key), then the lease, next-send, hold, samples, limit, sends,
+#: pace and quota key of each scope, then this process's marker. ARGV:
+#: token, lease TTL, R, S, the R released tokens, the S samples ("kind
+#: latency"), then the limit (-1: none), the spacing, the adaptive ceiling
+#: (0: not adaptive), the learned pace's interval (µs, 0: none), the pace
+#: state this process knows ("": none), the quota (-1: none), its window
+#: (µs) and the request's amount of each scope, then how many leased
+#: requests this process has in flight. Returns ``{status, wait, now,
+#: limits..., paces...}``: status 2 = the marker was missing while this
+#: process has leases in flight (Redis lost its state without a failed
+#: call: lease them again, then check again), 1 = leased (every scope),
+#: 0 = not leased, -i = not
+#: leased and scope i is at its limit; wait = microseconds until every time
+#: gate opens; the server's time; then the shared adaptive limit of each
+#: scope (-1: none published); then the shared pace state of each scope
+#: when it differs from the one this process knows ("" otherwise). Samples
+#: and releases go first, batched into the next check (see
+#: SharedState.release); a send to an adaptive scope adds an ``s`` sample
+#: with its scope's leases. An admitted send joins its scope's sends (the
+#: global count a refusal learns from) and, with a pace, the next send is
+#: one interval after the time this one was allowed (a schedule, as in
+#: LearnedRate.record_send), so the pace holds across processes.
 ACQUIRE_SCRIPT = (
     _NOW_PREAMBLE
     + _PUSH_SAMPLES
@@ -53,20 +70,33 @@ ACQUIRE_SCRIPT = (
 local ttl = tonumber(ARGV[2])
 local released = tonumber(ARGV[3])
 local sampled = tonumber(ARGV[4])
+-- The marker lives as long as a lease: missing while this process has
+-- leases in flight, Redis lost them (restarted empty, flushed, failed
+-- over) without this process seeing a failed call. Checked first, so
+-- that nothing is written twice by the check asked again.
+local marker = KEYS[#KEYS]
+local lost = redis.call('EXISTS', marker) == 0
+redis.call('SET', marker, 1, 'PX', math.ceil(ttl / 1000))
+if lost and tonumber(ARGV[#ARGV]) > 0 then
+  return {2, 0, string.format('%.0f', now)}
+end
 push_samples(released + 1, 5 + released, sampled)
 for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[4 + i]) end
 local first = released + 2 * sampled
 local base = 4 + released + sampled
-local scopes = (#KEYS - first) / 5
+local scopes = (#KEYS - first - 1) / 8
 local blocked = 0
 local wait = 0
 local limits = {}
+local paces = {}
+local nexts = {}
+local windows = {}
 for i = 1, scopes do
-  local k = first + 5 * (i - 1)
+  local k = first + 8 * (i - 1)
   local lease = KEYS[k + 1]
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
-  local limit = tonumber(ARGV[base + 3 * i - 2])
-  local ceiling = tonumber(ARGV[base + 3 * i])
+  local limit = tonumber(ARGV[base + 8 * i - 7])
+  local ceiling = tonumber(ARGV[base + 8 * i - 5])
   limits[i] = -1
   if ceiling > 0 then
     local shared = redis.call('GET', KEYS[k + 5])
@@ -75,50 +105,145 @@ for i = 1, scopes do
       limits[i] = limit
     end
   end
+  local pace = redis.call('GET', KEYS[k + 7])
+  if pace and pace ~= ARGV[base + 8 * i - 3] then paces[i] = pace else paces[i] = '' end
   if blocked == 0 and limit >= 0 and redis.call('ZCARD', lease) >= limit then
     blocked = i
   end
   local next_send = tonumber(redis.call('GET', KEYS[k + 2]) or '0')
+  nexts[i] = next_send
   local hold = tonumber(redis.call('GET', KEYS[k + 3]) or '0')
   local gate = math.max(next_send, hold) - now
+  -- The quota: one fixed window for every process (QuotaWindow's rule).
+  local quota = tonumber(ARGV[base + 8 * i - 2])
+  local window = tonumber(ARGV[base + 8 * i - 1])
+  if quota >= 0 and window > 0 then
+    local amount = tonumber(ARGV[base + 8 * i])
+    local spent = redis.call('HMGET', KEYS[k + 8], 'start', 'consumed')
+    local start = tonumber(spent[1])
+    local consumed = tonumber(spent[2] or '0')
+    if start and now - start >= window then
+      -- Whole windows only: boundaries stay where the first use put them.
+      start = start + math.floor((now - start) / window) * window
+      consumed = 0
+    end
+    windows[i] = {start, consumed}
+    if start and consumed > 0 and consumed + amount > quota then
+      gate = math.max(gate, start + window - now)
+    end
+  end
   if gate > wait then wait = gate end
 end
-if blocked > 0 then return {-blocked, wait, unpack(limits)} end
-if wait > 0 then return {0, wait, unpack(limits)} end
+local stamp = string.format('%.0f', now)
+for i = 1, scopes do table.insert(limits, paces[i]) end
+if blocked > 0 then return {-blocked, wait, stamp, unpack(limits)} end
+if wait > 0 then return {0, wait, stamp, unpack(limits)} end
 for i = 1, scopes do
-  local k = first + 5 * (i - 1)
+  local k = first + 8 * (i - 1)
   redis.call('ZADD', KEYS[k + 1], now + ttl, ARGV[1])
   redis.call('PEXPIRE', KEYS[k + 1], math.ceil(ttl / 1000))
-  local spacing = tonumber(ARGV[base + 3 * i - 1])
-  if spacing > 0 then
-    redis.call('SET', KEYS[k + 2], now + spacing, 'PX',
-               math.ceil(spacing / 1000) + 1000)
+  local next_send = now + tonumber(ARGV[base + 8 * i - 6])
+  local interval = tonumber(ARGV[base + 8 * i - 4])
+  if interval > 0 then
+    -- Allowed one interval after the previous send was allowed; a send
+    -- more than half an interval late starts a new schedule (no burst).
+    local allowed = nexts[i] + interval
+    if allowed < now + interval / 2 then allowed = now + interval end
+    if allowed > next_send then next_send = allowed end
   end
-  if tonumber(ARGV[base + 3 * i]) > 0 then
+  if next_send > now then
+    redis.call('SET', KEYS[k + 2], next_send, 'PX',
+               math.ceil((next_send - now) / 1000) + 1000)
+  end
+  local spent = windows[i]
+  if spent then
+    local start = spent[1] or now
+    local window = tonumber(ARGV[base + 8 * i - 1])
+    redis.call('HSET', KEYS[k + 8], 'start', string.format('%.0f', start),
+               'consumed', spent[2] + tonumber(ARGV[base + 8 * i]))
+    redis.call('PEXPIRE', KEYS[k + 8],
+               math.ceil((start + window - now) / 1000) + 1000)
+  end
+  local sends = KEYS[k + 6]
+  redis.call('ZADD', sends, now, ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', sends, '-inf', now - SENDS_KEEP_US)
+  redis.call('PEXPIRE', sends, SENDS_KEEP_US / 1000)
+  if tonumber(ARGV[base + 8 * i - 5]) > 0 then
     local samples = KEYS[k + 4]
-    redis.call('RPUSH', samples, 's ' .. string.format('%.0f', now) .. ' 0 ' ..
+    redis.call('RPUSH', samples, 's ' .. stamp .. ' 0 ' ..
                redis.call('ZCARD', KEYS[k + 1]))
     redis.call('LTRIM', samples, -SAMPLES_CAP, -1)
     redis.call('PEXPIRE', samples, SAMPLES_TTL_MS)
   end
 end
-return {1, 0, unpack(limits)}
-""".replace("SAMPLES_CAP", str(SAMPLES_CAP)).replace(
-        "SAMPLES_TTL_MS", str(SAMPLES_TTL_MS)
-    )
+return {1, 0, stamp, unpack(limits)}
+""".replace("SAMPLES_CAP", str(SAMPLES_CAP))
+    .replace("SAMPLES_TTL_MS", str(SAMPLES_TTL_MS))
+    .replace("SENDS_KEEP_US", str(SENDS_KEEP_US))
 )
 
-#: KEYS: lease keys. ARGV: token, lease TTL, then one token per key: lease
-#: without looking at limits (a request already in flight).
+#: KEYS: the sends, refusals and episode key of a scope. ARGV: how long
+#: before now the refused request was sent (µs, -1: unknown), the period
+#: the server counts over (µs), a token for the refusal, the lease token of
+#: the refused send ("": unknown; its score in the sends is its exact send
+#: time, else the age estimates it). A refusal for too
+#: many requests (429): recorded, and the first of its episode (no other
+#: one for a period) is claimed for the asking process, which learns the
+#: pace from every process's sends. Returns ``{0, now}`` (another process
+#: learns from this episode) or ``{1, now, accepted}``: the sends over the
+#: period before the refused one, minus the refusals since, of every
+#: process (as LearnedRate.count_accepted counts its own).
+REFUSE_SCRIPT = (
+    _NOW_PREAMBLE
+    + """
+local age = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local sent = now
+if age >= 0 then sent = now - age end
+local own = ARGV[4] ~= '' and redis.call('ZSCORE', KEYS[1], ARGV[4])
+if own then
+  sent = tonumber(own)
+  age = now - sent
+end
+local since = sent - period
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - SENDS_KEEP_US)
+local refused = redis.call('ZCOUNT', KEYS[2], since, '+inf')
+redis.call('ZADD', KEYS[2], now, ARGV[3])
+redis.call('PEXPIRE', KEYS[2], SENDS_KEEP_US / 1000)
+local stamp = string.format('%.0f', now)
+local claimed = redis.call('SET', KEYS[3], stamp, 'NX', 'PX',
+                           math.max(1, math.floor(period / 1000)))
+if not claimed then return {0, stamp} end
+local before = '(' .. string.format('%.0f', sent)
+local accepted = redis.call('ZCOUNT', KEYS[1], since, before)
+accepted = accepted - refused
+if age < 0 then accepted = accepted - 1 end
+if accepted < 0 then accepted = 0 end
+return {1, stamp, accepted}
+""".replace("SENDS_KEEP_US", str(SENDS_KEEP_US))
+)
+
+#: KEYS: the pace key of a scope. ARGV: the pace state learned (see
+#: SharedPaces.publish), its TTL (ms).
+PACE_SCRIPT = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return 1
+"""
+
+#: KEYS: this process's marker, then lease keys. ARGV: unused, lease TTL,
+#: then one token per lease key: lease without looking at limits (a
+#: request already in flight), and mark this process's leases as known to
+#: this Redis (see the check script).
 ADOPT_SCRIPT = (
     _NOW_PREAMBLE
     + """
 local ttl = tonumber(ARGV[2])
-for i = 1, #KEYS do
-  redis.call('ZADD', KEYS[i], now + ttl, ARGV[2 + i])
+redis.call('SET', KEYS[1], 1, 'PX', math.ceil(ttl / 1000))
+for i = 2, #KEYS do
+  redis.call('ZADD', KEYS[i], now + ttl, ARGV[1 + i])
   redis.call('PEXPIRE', KEYS[i], math.ceil(ttl / 1000))
 end
-return #KEYS
+return #KEYS - 1
 """
 )
 

@@ -25,7 +25,9 @@ from ._scope_state import ScopeCounters, ScopeParts, ScopeState, snapshot
 if TYPE_CHECKING:
     from scrapy.statscollectors import StatsCollector
 
+    from ._algorithms.ratelimit import LearnedState
     from ._settings import ScopeSettings
+    from ._shared_pace import SharedPace
     from ._types import ScopeID
 
 __all__ = ["Scope"]
@@ -65,6 +67,9 @@ class Scope:
         #: The pace learned from 429 answers; created by the first one, so
         #: that scopes never refused cost nothing.
         self.learned: LearnedRate | None = None
+        #: The pace shared with other processes (:setting:`THROTTLING_STATE_URL`),
+        #: set by the scope manager that builds this scope.
+        self.shared_pace: SharedPace | None = None
         self.counters: ScopeCounters = parts.counters
         self.clock = clock
         self._on_slots_raised = on_slots_raised
@@ -101,7 +106,11 @@ class Scope:
         backoff = self.backoff
         learned = self.learned
         # Paced on a schedule, so the crawler's lag does not add up.
-        paced = learned.record_send(now) if learned is not None else None
+        paced = None
+        if learned is not None:
+            shared = self.shared_pace
+            processes = 1 if shared is None else shared.processes()
+            paced = learned.record_send(now, processes=processes)
         self.gate.record_send(
             now, backoff.delay, backed_off=bool(backoff.level), paced_until=paced
         )
@@ -167,15 +176,33 @@ class Scope:
         wait = max(self.gate.next_send_at, self.backoff.hold_until) - now
         return wait if wait > 0 else 0.0
 
-    def record_rate_limited(self, now: float, sent_at: float | None) -> None:
-        """Learn the scope's pace from a refusal for too many requests (429)."""
+    def _learned_rate(self) -> LearnedRate:
         learned = self.learned
         if learned is None:
             # The count starts now: the next refusal can be learned from.
             learned = self.learned = LearnedRate(window=self.config.backoff.window)
+        return learned
+
+    def record_rate_limited(self, now: float, sent_at: float | None) -> None:
+        """Learn the scope's pace from a refusal for too many requests (429)."""
+        learned = self._learned_rate()
         before = learned.interval
         # What each probe will cost: this refusal's hold (its Retry-After).
-        interval = learned.refuse(now, sent_at, self.backoff.hold_until - now)
+        hold = self.backoff.hold_until - now
+        shared = self.shared_pace
+        refusal = None if shared is None else shared.refuse(now, sent_at)
+        if refusal is None:
+            interval = learned.refuse(now, sent_at, hold)
+        elif refusal.accepted is None:
+            # Another process learns from this episode and publishes it.
+            learned.record_echo(now)
+            return
+        else:
+            # The first refusal of its episode: learned from every
+            # process's sends, and published for them.
+            interval = learned.refuse(now, sent_at, hold, accepted=refusal.accepted)
+            assert shared is not None
+            shared.publish(learned.learned_state(), refusal)
         if interval == before:
             return
         if self.stats is not None:
@@ -189,6 +216,22 @@ class Scope:
                 learned.period,
                 before,
                 interval,
+            )
+
+    def adopt_pace(self, state: LearnedState, refused_at: float) -> None:
+        """Take over the pace another process learned from a refusal at
+        *refused_at* (on :attr:`clock`), published through the shared state."""
+        learned = self._learned_rate()
+        before = learned.interval
+        learned.adopt(state, refused_at)
+        if self.debug and learned.interval != before:
+            logger.debug(
+                "Scope %s: pace learned by another process from %s requests "
+                "accepted; %.4fs -> %.4fs between requests",
+                self.id,
+                learned.accepted,
+                before,
+                learned.interval,
             )
 
     def _recover(self, now: float) -> None:

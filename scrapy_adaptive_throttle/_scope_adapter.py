@@ -136,6 +136,16 @@ class ScopeAdapter:
             float(spacing),
         )
 
+    def shared_quota(self) -> tuple[float, float] | None:
+        """``(quota, window)`` of the scope's quota, spent from one window
+        shared by every process (:setting:`THROTTLING_STATE_URL`); ``None``
+        when the scope has no quota (or its scope manager does not say)."""
+        shared_quota = self._optional("shared_quota")
+        if shared_quota is None:
+            return None
+        quota: tuple[float, float] | None = shared_quota()
+        return quota
+
     def refund_send(self, sent_at: float, now: float, amount: float | None) -> bool:
         """Give back a send answered from the cache; whether a time gate of
         the scope opened sooner for it."""

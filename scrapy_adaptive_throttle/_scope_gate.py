@@ -119,10 +119,14 @@ class ScopeGate:
         if wait > 0 or blocked is not None:
             shared.drop_pending()
             return wait, blocked
-        get = self.registry.get
-        return shared.check(
-            [get(scope_id).shared_check() for scope_id, _ in scope_values]
-        )
+        adapters = [self.registry.get(scope_id) for scope_id, _ in scope_values]
+        # A quota is spent from one window across processes: the amount of
+        # this request goes with the check that admits it.
+        quotas = [
+            None if (quota := adapter.shared_quota()) is None else (*quota, amount)
+            for adapter, (_, amount) in zip(adapters, scope_values, strict=True)
+        ]
+        return shared.check([adapter.shared_check() for adapter in adapters], quotas)
 
     def reserve_scopes(
         self, request: Request, scope_values: ScopeValues, now: float
@@ -148,7 +152,9 @@ class ScopeGate:
         self.reserved[request] = reservation
         self.reserved_at[request] = now
         if self.shared is not None:
-            self.shared.claim(request, [scope_id for scope_id, _ in scope_values])
+            self.shared.claim(
+                request, [scope_id for scope_id, _ in scope_values], sent_at=now
+            )
 
     def release(self, request: Request) -> None:
         """Free the slots reserved for *request*. Idempotent."""

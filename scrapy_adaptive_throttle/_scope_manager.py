@@ -26,6 +26,7 @@ from ._scope import Scope
 from ._scope_state import LocalScopeStore, ScopeStore
 from ._settings import ScopeSettings, ThrottlingSettings
 from ._shared_limit import share_limit
+from ._shared_pace import share_pace
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -87,6 +88,8 @@ class ThrottlingScopeManager:
             stats=self._stats,
             debug=self._debug,
         )
+        # With THROTTLING_STATE_URL, the pace learned from 429s is one pace.
+        share_pace(crawler, self.scope)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, config: dict[str, Any]) -> Self:
@@ -161,6 +164,13 @@ class ThrottlingScopeManager:
         that a shared state (:setting:`THROTTLING_STATE_URL`) spaces every
         process's sends by the same value this process does."""
         return self.scope.next_spacing()
+
+    def shared_quota(self) -> tuple[float, float] | None:
+        """``(quota, window)`` of this scope's quota (``None``: none): with
+        :setting:`THROTTLING_STATE_URL`, every process spends it from one
+        window in Redis."""
+        quota = self.scope.quota
+        return None if quota is None else (quota.quota, quota.window)
 
     def record_done(self, now: float | None = None) -> None:
         """Free the slot of a finished request and wake one waiter."""

@@ -26,7 +26,11 @@ When Redis is lost mid-crawl, the processes fall back to in-process limits
 (each scope's limit divided by :setting:`THROTTLING_STATE_PROCESSES`),
 retry the connection with exponential backoff, and share again once it is
 back, leasing again what they have in flight (and keeping to their fallback
-share for one more retry delay, while the others may not be back yet).
+share for one more retry delay, while the others may not be back yet). A
+Redis emptied without a failed call (redis-py reconnected by itself to a
+restarted server, a flush, a failover) is noticed by this process's marker
+key, missing at a check: the requests in flight are leased again the same
+way.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from ._redis_scripts import ACQUIRE_SCRIPT, ADOPT_SCRIPT, HOLD_SCRIPT, RELEASE_S
 from ._settings import report_invalid_setting
 from ._shared_connection import ScopeCheck, SharedConnection, fallback_check
 from ._shared_limit import AdaptiveScopes
+from ._shared_pace import SharedPaces
 from ._shared_state_settings import LEASE_MARGIN, SharedStateSettings
 
 if TYPE_CHECKING:
@@ -70,6 +75,7 @@ __all__ = [
     "RECONNECT_MIN_DELAY",
     "RELEASE_BATCH_DELAY",
     "ScopeCheck",
+    "ScopeQuota",
     "SharedState",
     "SharedStateSettings",
     "SharedStateUnavailableError",
@@ -83,7 +89,23 @@ __all__ = [
 RECHECK_INTERVAL = 0.02
 
 #: The keys of a scope a check reads or writes, in the check script's order.
-SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit")
+SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit", "sends", "pace", "quota")
+
+#: A scope's quota in a check: ``(quota, window, amount)``, the request's
+#: amount ``None`` when it gave none.
+ScopeQuota = tuple[float, float, "float | None"]
+
+
+def _quota_args(quota: ScopeQuota | None) -> tuple[float, int, float]:
+    """The check script's quota arguments: quota (-1: none), window (µs),
+    amount (0.0 for none, as in QuotaWindow.consume)."""
+    if quota is None:
+        return -1, 0, 0.0
+    limit, window, amount = quota
+    spent = amount if amount is not None and amount > 0 else 0.0
+    if not math.isfinite(spent):
+        spent = 0.0
+    return limit, max(0, round(window * 1e6)), spent
 
 
 class SharedState(SharedConnection):
@@ -118,6 +140,9 @@ class SharedState(SharedConnection):
         self._hold = client.register_script(HOLD_SCRIPT)
         self._ttl = round(config.lease_ttl * 1e6)
         self._token_prefix = uuid.uuid4().hex[:12]
+        #: This process's marker: missing at a check while this process has
+        #: leases in flight, Redis lost its state without a failed call.
+        self._marker = f"{config.prefix}:process:{self._token_prefix}"
         self._tokens = itertools.count(1)
         #: The lease taken by the last successful check, until claimed.
         self._pending: tuple[tuple[ScopeID, ...], str] | None = None
@@ -128,6 +153,8 @@ class SharedState(SharedConnection):
         self.adaptive = AdaptiveScopes(
             self, self._key, schedule, lambda: self._releases.add([])
         )
+        #: The paces learned from 429s: one per scope across processes.
+        self.paces = SharedPaces(self, self._key)
 
     @classmethod
     def from_crawler(
@@ -152,6 +179,7 @@ class SharedState(SharedConnection):
             state = cls(config, clock=clock, stats=crawler.stats, schedule=call_later)
             state.ping()
             state.adaptive.install(crawler)
+            state.paces.install(crawler)
         except SharedStateUnavailableError as exc:
             report_invalid_setting(exc)
             raise
@@ -176,8 +204,16 @@ class SharedState(SharedConnection):
 
     # -- sends ------------------------------------------------------------
 
-    def check(self, scopes: Sequence[ScopeCheck]) -> tuple[float, ScopeID | None]:
+    def check(
+        self,
+        scopes: Sequence[ScopeCheck],
+        quotas: Sequence[ScopeQuota | None] | None = None,
+    ) -> tuple[float, ScopeID | None]:
         """``(wait, blocked)`` for a send whose local checks passed.
+
+        *quotas*: per scope, ``(quota, window, amount)`` of its quota and
+        the request's amount (``None``: no quota), spent from one window
+        in Redis with the lease.
 
         When the send is allowed, its lease is taken at once (the same round
         trip) and waits for :meth:`claim`. A scope whose leases are all taken
@@ -203,19 +239,36 @@ class SharedState(SharedConnection):
             keys += (samples_key, lease_key)
             args.append(sample)
         ceiling = self.adaptive.ceiling
-        for scope_id, limit, _, spacing in scopes:
+        pace = self.paces.check_args
+        if quotas is None:
+            quotas = [None] * len(scopes)
+        for (scope_id, limit, _, spacing), quota in zip(scopes, quotas, strict=True):
             keys += (self._key(kind, scope_id) for kind in SCOPE_KEYS)
             args += (
                 -1 if limit is None else limit,
                 max(0, round(spacing * 1e6)),
                 ceiling(scope_id),
+                *pace(scope_id),
+                *_quota_args(quota),
             )
+        keys.append(self._marker)
+        args.append(len(self._leases))
         try:
-            status, wait, *limits = self._call(self._acquire, keys, args)
+            status, wait, server_now, *answers = self._call(self._acquire, keys, args)
+            if status == 2:
+                self._lost_silently()
+                status, wait, server_now, *answers = self._call(
+                    self._acquire, keys, args
+                )
         except RedisFailure:
             return fallback_check(scopes, self.config.processes)
-        for (scope_id, *_), value in zip(scopes, limits, strict=True):
+        count = len(scopes)
+        for (scope_id, *_), value, published in zip(
+            scopes, answers[:count], answers[count:], strict=True
+        ):
             self.adaptive.published(scope_id, int(value))
+            if published:
+                self.paces.published(scope_id, published, int(server_now))
         if status == 1:
             self._pending = (tuple(scope for scope, *_ in scopes), token)
             return 0.0, None
@@ -227,8 +280,15 @@ class SharedState(SharedConnection):
             return 0.0, scope_id
         return RECHECK_INTERVAL, None
 
-    def claim(self, request: Request, scope_ids: Sequence[ScopeID]) -> None:
-        """Tie the lease of the last check to *request*, just reserved.
+    def claim(
+        self,
+        request: Request,
+        scope_ids: Sequence[ScopeID],
+        sent_at: float | None = None,
+    ) -> None:
+        """Tie the lease of the last check to *request*, just reserved (at
+        *sent_at*, on the manager's clock: a 429 for it then finds its send
+        among the scope's sends, see :mod:`._shared_pace`).
 
         A reservation without a check before it (a custom caller of
         ``reserve()``) is leased now, whatever the limits, so that other
@@ -239,6 +299,8 @@ class SharedState(SharedConnection):
         self._pending = None
         if pending is not None and pending[0] == scopes:
             self._leases[request] = (pending[1], scopes)
+            if sent_at is not None:
+                self.paces.sent(sent_at, pending[1])
             return
         if pending is not None:
             self._free(*pending)
@@ -336,15 +398,29 @@ class SharedState(SharedConnection):
         self._lease_in_flight(in_flight)
         return len(in_flight)
 
+    def _lost_silently(self) -> None:
+        """Redis answers but lost this process's leases (a restart that
+        redis-py reconnected to by itself, a flush, a failover): lease the
+        requests in flight again, as after a noticed loss."""
+        leased = self._resume()
+        if self._stats is not None:
+            self._stats.inc_value("throttling/shared_state/reconnect_count")
+        logger.warning(
+            "The shared throttling state at %s (THROTTLING_STATE_URL) lost this "
+            "process's leases without a failed call (Redis restarted empty, "
+            "flushed or failed over?): %d request(s) in flight leased again",
+            self.url,
+            leased,
+        )
+
     def _lease_in_flight(self, entries: list[tuple[str, tuple[ScopeID, ...]]]) -> None:
-        keys: list[str] = []
+        keys: list[str] = [self._marker]
         tokens: list[str] = []
         for token, scopes in entries:
             for scope_id in scopes:
                 keys.append(self._key("lease", scope_id))
                 tokens.append(token)
-        if keys:
-            self._call(self._adopt, keys, ["", self._ttl, *tokens])
+        self._call(self._adopt, keys, ["", self._ttl, *tokens])
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}:{next(self._tokens)}"

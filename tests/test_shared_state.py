@@ -144,9 +144,16 @@ def test_every_key_expires(redis_server, prefix):
     state.hold("host", 2.0)
     client = redis_server.client()
     keys = sorted(key.decode() for key in client.keys(f"{prefix}:*"))
-    assert keys == [f"{prefix}:{kind}:host" for kind in ("hold", "lease", "next")]
+    assert keys == sorted(
+        [
+            *(f"{prefix}:{kind}:host" for kind in ("hold", "lease", "next", "sends")),
+            state._marker,
+        ]
+    )
     ttls = {key: client.pttl(key) for key in keys}
     assert 0 < ttls[f"{prefix}:lease:host"] <= 20_000
+    assert 0 < ttls[state._marker] <= 20_000
+    assert 0 < ttls[f"{prefix}:sends:host"] <= 2_000
     assert 0 < ttls[f"{prefix}:next:host"] <= 2_000
     assert 0 < ttls[f"{prefix}:hold:host"] <= 3_000
 
@@ -398,3 +405,41 @@ def test_a_script_that_keeps_failing_warns_once_a_minute(redis_server, prefix, c
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "WRONGTYPE" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("emptied", ["restarted", "flushed"])
+def test_leases_lost_without_a_failed_call_are_taken_again(
+    own_redis_server, prefix, caplog, emptied
+):
+    """redis-py reconnects by itself: a Redis restarted while a process's
+    connection was closed (an idle timeout, a proxy in between), flushed or
+    failed over answers the next check as if nothing happened, empty. The
+    process's marker is gone with the rest, so its check leases its
+    requests in flight again before it admits anything."""
+    first = make_state(own_redis_server, prefix)
+    second = make_state(own_redis_server, prefix)
+    in_flight = [send(first, "host", 3)[2] for _ in range(2)]
+    assert all(request is not None for request in in_flight)
+    if emptied == "restarted":
+        for state in (first, second):
+            state._client.connection.disconnect()  # reopened by the next call
+        own_redis_server.stop()
+        own_redis_server.start()
+    else:
+        own_redis_server.client().flushall()
+    client = own_redis_server.client()
+    assert client.zcard(first.lease_key("host")) == 0
+    with caplog.at_level(logging.WARNING, "scrapy_adaptive_throttle._shared_state"):
+        assert send(first, "host", 3)[2] is not None
+    assert first.sharing
+    assert client.zcard(first.lease_key("host")) == 3
+    # The other process sees the whole limit taken (without the marker it
+    # would send 2 more: 5 in flight for a limit of 3).
+    assert send(second, "host", 3)[:2] == (RECHECK_INTERVAL, None)
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 1, messages
+    assert "2 request(s) in flight leased again" in messages[0]
+    assert "THROTTLING_STATE_URL" in messages[0]
+    # Once leased again, the next checks are plain ones.
+    assert send(first, "host", 4)[2] is not None
+    assert client.zcard(first.lease_key("host")) == 4

@@ -65,14 +65,41 @@ see ``bench/RESULTS.md``).
 The count only sees limits over ``period`` (1 s by default: "R requests per
 second"); for a limit over a longer window, each refusal still slows the
 pace by the margin.
+
+Several processes sharing one limit (:setting:`THROTTLING_STATE_URL`): a
+process's own sends are only its share of what the server counted, and
+that share is low while the others ramp up, so each process would learn a
+pace of its share at that moment and keep it until a probe. The count is
+then the *global* one, of every process's sends (kept by the shared state,
+passed as ``accepted`` to :meth:`LearnedRate.refuse`), one process learns
+per episode (the others' refusals of the same episode are only recorded,
+:meth:`LearnedRate.record_echo`), and the others take over the state it
+learned (:meth:`LearnedRate.learned_state`, :meth:`LearnedRate.adopt`):
+since the probing schedule follows from that state and the time, every
+process probes at the same moments without talking to the others.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from typing import NamedTuple
 
-__all__ = ["LearnedRate"]
+__all__ = ["LearnedRate", "LearnedState"]
+
+
+class LearnedState(NamedTuple):
+    """What a refusal taught a :class:`LearnedRate`, for another process's
+    copy of it (see :meth:`LearnedRate.adopt`)."""
+
+    #: The learned interval between sends, in seconds.
+    interval: float
+    #: Quiet windows before the first probe.
+    patience: int
+    #: The longest hold a refusal caused (a probe's cost), in seconds.
+    hold: float
+    #: The count the interval came from (``None``: none yet).
+    accepted: float | None
 
 
 class LearnedRate:
@@ -185,11 +212,16 @@ class LearnedRate:
             return (count - 1) * self.period / (times[-1] - times[0])
         return float(count)
 
-    def record_send(self, now: float) -> float:
+    def record_send(self, now: float, *, processes: int = 1) -> float:
         """Record a send at *now*; return the earliest time of the next one
-        (*now* itself while nothing is learned)."""
+        (*now* itself while nothing is learned).
+
+        *processes*: how many processes pace on their own copy of this
+        pace (a shared state that is lost): each keeps to its share, one
+        send per *processes* intervals.
+        """
         self._sent.append(now)
-        interval = self.roll(now)
+        interval = self.roll(now) * processes
         if not interval:
             return now
         allowed = self._allowed + interval
@@ -201,7 +233,12 @@ class LearnedRate:
         return allowed
 
     def refuse(
-        self, now: float, sent_at: float | None = None, hold: float = 0.0
+        self,
+        now: float,
+        sent_at: float | None = None,
+        hold: float = 0.0,
+        *,
+        accepted: float | None = None,
     ) -> float:
         """Record a refusal of a request sent earlier (with
         :meth:`record_send`), at *sent_at* if known; return the learned
@@ -213,15 +250,22 @@ class LearnedRate:
         is 5 %). *hold* is how long the refusal holds the scope (its
         ``Retry-After``): what each probe will cost, so probing waits at
         least ``hold_ratio`` times as long.
+
+        *accepted*: the requests accepted over that period counted by the
+        caller (every process's sends, from a shared state) instead of this
+        object's own sends; the caller also decided that this refusal is
+        the first of its episode (the others go to :meth:`record_echo`).
         """
         self.roll(now)
-        accepted = self.count_accepted(now, now if sent_at is None else sent_at)
-        if sent_at is None:
-            accepted -= 1  # the refused request itself, sent just before
+        shared = accepted is not None
+        if accepted is None:
+            accepted = self.count_accepted(now, now if sent_at is None else sent_at)
+            if sent_at is None:
+                accepted -= 1  # the refused request itself, sent just before
         self._refused.append(now)
         self.refusal_count += 1
         episode = self._last_refusal
-        if episode is not None and now - episode < self.period:
+        if not shared and episode is not None and now - episode < self.period:
             # An echo of the refusal that started this episode: requests
             # sent before the scope was held. The count since then says
             # nothing about the limit.
@@ -253,6 +297,29 @@ class LearnedRate:
         self._last_refusal = now
         self._quiet_since = now
         return self.interval
+
+    def record_echo(self, now: float) -> None:
+        """Record a refusal that another process learns from (the first of
+        its episode was refused there): counted, not learned from."""
+        self._refused.append(now)
+        self.refusal_count += 1
+
+    def learned_state(self) -> LearnedState:
+        """What the last refusal taught, for :meth:`adopt` elsewhere."""
+        return LearnedState(self._known, self._patience, self._hold, self.accepted)
+
+    def adopt(self, state: LearnedState, refused_at: float) -> None:
+        """Take over *state*, learned by another process from a refusal at
+        *refused_at* (on this object's clock): the same interval, and the
+        same probing schedule from then on."""
+        self.interval = self._known = state.interval
+        self._patience = max(1, state.patience)
+        self._hold = max(self._hold, state.hold)
+        self.accepted = state.accepted
+        self._step = self._probe_step
+        self._wait = self._patience
+        self._last_refusal = refused_at
+        self._quiet_since = refused_at
 
     def roll(self, now: float) -> float:
         """Take the probing step due by *now*, if any; return the interval.

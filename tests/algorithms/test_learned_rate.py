@@ -161,6 +161,65 @@ def test_probing_waits_at_least_thirty_holds() -> None:
     assert rate.roll(1.0 + 30.0) < learned
 
 
+def test_a_count_given_by_the_caller_replaces_the_own_count() -> None:
+    """With a shared state the count is every process's sends: this
+    process's own 5 sends say nothing of the 49 the server accepted."""
+    rate = LearnedRate()
+    for index in range(5):
+        rate.record_send(index * 0.1)
+    learned = rate.refuse(0.5, sent_at=0.45, accepted=49)
+    assert rate.accepted == 49
+    assert learned == pytest.approx(1.02 / 49)
+    # The caller decides what starts an episode: a given count is learned
+    # from even within the period of the last refusal.
+    assert rate.refuse(0.6, sent_at=0.58, accepted=50) == pytest.approx(learned * 1.02)
+
+
+def test_an_echo_is_counted_not_learned_from() -> None:
+    rate = LearnedRate()
+    for index in range(20):
+        rate.record_send(index * 0.05)
+    learned = rate.refuse(1.0, sent_at=1.0)
+    rate.record_echo(5.0)
+    assert rate.interval == learned
+    assert rate.refusal_count == 2
+    # The echo counts as refused in the next count (sends minus refusals).
+    for index in range(10):
+        rate.record_send(4.5 + index * 0.05)
+    assert rate.count_accepted(5.2) == 9
+
+
+def test_an_adopted_state_probes_on_the_same_schedule() -> None:
+    """A process that takes over the state another learned probes at the
+    same moments as that one, with no further word between them."""
+    learner = LearnedRate(window=10.0, max_patience=8)
+    learner.refuse(1.0, sent_at=1.0, hold=0.2, accepted=40)
+    learner.roll(11.0)  # a probe, found again: patience doubles
+    learner.refuse(12.0, sent_at=12.0, hold=0.2, accepted=45)
+    follower = LearnedRate(window=10.0, max_patience=8)
+    follower.adopt(learner.learned_state(), refused_at=12.0)
+    assert follower.interval == learner.interval
+    assert follower.accepted == 45
+    for now in (20.0, 31.9, 32.0, 41.9, 42.0, 60.0):
+        assert follower.roll(now) == learner.roll(now), now
+    # Probes at 32, 42 and 60 (patience 2, then one window each); the
+    # learner also took its own probe at 11, before the adoption.
+    assert follower.probe_count == 3
+    assert learner.probe_count == 4
+
+
+def test_record_send_paces_a_share_of_the_interval() -> None:
+    """*processes* > 1 (a shared pace whose Redis is lost): each process
+    keeps one send per that many intervals."""
+    rate = LearnedRate(window=0)
+    rate.refuse(0.0, sent_at=0.0, accepted=10)
+    interval = rate.interval
+    assert rate.record_send(1.0, processes=3) == pytest.approx(1.0 + 3 * interval)
+    assert rate.record_send(1.0 + 3 * interval, processes=3) == pytest.approx(
+        1.0 + 6 * interval
+    )
+
+
 def test_no_probe_without_a_window() -> None:
     rate = LearnedRate(window=0)
     for index in range(10):

@@ -1,0 +1,141 @@
+"""Quota windows shared across processes (issue 13).
+
+Component tests: two :class:`SharedState` objects on one real
+``redis-server`` stand for two crawler processes spending one quota. Then
+real crawls: 3 processes with a quota of N per window on one host, shared
+and independent, counted at the server.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.test_shared_state import make_state
+from tests.test_shared_state_crawl import (
+    assert_complete,
+    finish,
+    page_arrivals,
+    process_config,
+    start_process,
+)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"quota-{uuid.uuid4().hex[:8]}"
+
+
+def spend(state, amount, quota=5.0, window=1.0):
+    """Check a send of scope ``api`` consuming *amount*; claim it if
+    allowed. Returns the wait (0.0: sent)."""
+    wait, blocked = state.check([("api", None, 0, 0.0)], [(quota, window, amount)])
+    assert blocked is None
+    if wait == 0:
+        state.claim(object(), ["api"])
+    return wait
+
+
+def test_processes_spend_one_window(redis_server, prefix):
+    first = make_state(redis_server, prefix)
+    second = make_state(redis_server, prefix)
+    assert spend(first, 2.0) == 0.0
+    assert spend(first, 1.0) == 0.0
+    assert spend(second, 2.0) == 0.0  # 5 of 5
+    # Neither may spend more in this window: it ends one window after the
+    # first use.
+    wait = spend(second, 1.0)
+    assert 0.9 < wait <= 1.0
+    assert 0.9 < spend(first, 0.5) <= 1.0
+    # A request without an amount consumes nothing.
+    assert spend(first, None) == 0.0
+    client = redis_server.client()
+    assert float(client.hget(f"{prefix}:quota:api", "consumed")) == 5.0
+    assert 0 < client.pttl(f"{prefix}:quota:api") <= 2_000
+    time.sleep(wait)
+    # The next window: spent again from zero, by either process.
+    assert spend(second, 4.0) == 0.0
+    assert 0 < spend(first, 2.0) <= 1.0
+
+
+def test_a_request_larger_than_the_quota_goes_in_an_unused_window(redis_server, prefix):
+    state = make_state(redis_server, prefix)
+    assert spend(state, 7.0) == 0.0  # nothing consumed yet: never waits forever
+    assert spend(state, 1.0) > 0.9
+
+
+def test_a_refused_check_spends_nothing(redis_server, prefix):
+    first = make_state(redis_server, prefix)
+    second = make_state(redis_server, prefix)
+    assert spend(first, 1.0) == 0.0
+    # Held back by another gate (a hold): the quota is not spent.
+    second.hold("api", 0.5)
+    assert spend(second, 3.0) > 0
+    assert spend(first, 4.0, window=1.0) > 0  # held too
+    time.sleep(0.5)
+    assert spend(first, 4.0) == 0.0  # 5 of 5: the held check spent nothing
+
+
+# -- real crawls ------------------------------------------------------------
+
+QUOTA = 10
+WINDOW = 2.0
+PAGES = 20
+PROCESSES = 3
+
+
+def crawl_quota(simhosts, redis_url, reactor):
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
+    netloc = hosts.netloc("A")
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    processes = []
+    for index in range(PROCESSES):
+        config = process_config(
+            hosts,
+            index,
+            PAGES,
+            redis_url=redis_url,
+            prefix=prefix,
+            reactor=reactor,
+            THROTTLING_SCOPES={netloc: {"quota": QUOTA, "window": WINDOW}},
+            THROTTLING_STATE_PROCESSES=PROCESSES,
+        )
+        # One unit a request (the redirects' targets too: they keep the meta).
+        config["metas"] = [{"throttling_scopes": {netloc: 1.0}}] * PAGES
+        processes.append(start_process(config))
+    for process in processes:
+        assert_complete(finish(process, timeout=120), PAGES)
+    stats = hosts.stats("A")
+    assert set(page_arrivals(stats).values()) == {1}
+    assert len(page_arrivals(stats)) == PROCESSES * PAGES
+    return stats
+
+
+def per_window(stats: dict[str, Any]) -> list[int]:
+    """Requests at the server per quota window. A window's requests go at
+    its start (the quota is spent in a burst, then everyone waits for the
+    next window), so the windows are counted between the middles of the
+    windows that the first arrival started: a burst at a boundary, seen a
+    few milliseconds early or late at the server, stays in its window."""
+    times = sorted(record[0] for record in stats["arrivals"])
+    first = times[0]
+    counts: dict[int, int] = {}
+    for arrival in times:
+        index = int((arrival - first + WINDOW / 2) // WINDOW)
+        counts[index] = counts.get(index, 0) + 1
+    return [counts.get(index, 0) for index in range(max(counts) + 1)]
+
+
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
+def test_processes_share_a_quota_window(simhosts, redis_server, reactor):
+    shared = per_window(crawl_quota(simhosts, redis_server.url, reactor))
+    independent = per_window(crawl_quota(simhosts, None, reactor))
+    print("requests per window: shared", shared, "independent", independent)
+    # 66 requests (60 pages, 6 redirects), at most QUOTA per window in all.
+    assert sum(shared) == PROCESSES * (PAGES + PAGES // 10)
+    assert max(shared) <= QUOTA
+    # Each process spends a window of its own without the shared state.
+    assert max(independent) > QUOTA
