@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -370,6 +370,34 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             or key in ("finish_reason", "elapsed_time_seconds")
         },
     }
+
+
+def start_in_subprocess(
+    crawl_config: dict[str, Any],
+    output: Path,
+    *,
+    module: Sequence[str] = ("bench.crawl",),
+) -> subprocess.Popen[str]:
+    """Start one crawl in a fresh process, writing its result to *output*,
+    and return the running process (its stderr piped, for the caller to read
+    before it waits). *module*: ``python -m`` arguments before ``--config``
+    (a module that takes this one's options, such as ``bench.shared_trace``).
+    """
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", *module),
+            *("--config", "-", "--output", str(output)),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(crawl_config))
+    process.stdin.close()
+    return process
 
 
 def run_in_subprocess(

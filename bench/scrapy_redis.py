@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +53,7 @@ from typing import Any
 
 from scrapy_redis.scheduler import Scheduler
 
+from bench.crawl import start_in_subprocess
 from bench.shared_state import ROOT, Redis
 from simhosts import SimHosts
 
@@ -157,20 +157,7 @@ def run_row(
             running = []
             for index in range(processes):
                 output = Path(tmp) / f"{index}.json"
-                process = subprocess.Popen(
-                    [
-                        *(sys.executable, "-m", "bench.crawl"),
-                        *("--config", "-", "--output", str(output)),
-                    ],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    cwd=ROOT,
-                )
-                assert process.stdin is not None
-                process.stdin.write(json.dumps(config))
-                process.stdin.close()
+                process = start_in_subprocess(config, output)
                 running.append((process, output))
             for process, output in running:
                 assert process.stderr is not None

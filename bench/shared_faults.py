@@ -30,17 +30,15 @@ with the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.crawl import start_in_subprocess
 from bench.run import ADDON, HOST_A, PLAIN_SCOPE_MANAGER
 from bench.shared_state import ADAPTIVE_CEILING, Redis
 from simhosts import SimHosts
@@ -50,21 +48,6 @@ ROOT = Path(__file__).resolve().parent.parent
 LEASE_MARGIN = 5.0
 #: Log lines of the fallback and the recovery (see _shared_connection.py).
 FAULT_LOG_MARKERS = ("THROTTLING_STATE_URL", "Reconnected to the shared")
-
-
-def _start(config: dict[str, Any], output: Path) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "bench.crawl", "--config", "-", "--output", str(output)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-    assert process.stdin is not None
-    process.stdin.write(json.dumps(config))
-    process.stdin.close()
-    return process
 
 
 def _first_arrival(hosts: SimHosts, deadline: float) -> float:
@@ -115,7 +98,7 @@ def run(
                     "per_host_slots": False,
                     "max_seconds": 180,
                 }
-                running.append((_start(config, output), output))
+                running.append((start_in_subprocess(config, output), output))
             origin = _first_arrival(hosts, time.time() + 60)
             time.sleep(max(0.0, origin + at - time.time()))
             fault_at = time.time() - origin

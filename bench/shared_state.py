@@ -47,14 +47,13 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.crawl import run_in_subprocess
+from bench.crawl import run_in_subprocess, start_in_subprocess
 from bench.probe import probe
 from bench.run import ADDON, HOST_A, HOST_B, PLAIN_SCOPE_MANAGER
 from simhosts import SimHosts
@@ -190,29 +189,9 @@ def crawl_processes(
                     "per_host_slots": False,
                     "max_seconds": 120,
                 }
-                running.append(
-                    (
-                        subprocess.Popen(
-                            [
-                                *(sys.executable, "-m", "bench.crawl"),
-                                *("--config", "-", "--output", str(output)),
-                            ],
-                            stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE,
-                            text=True,
-                            cwd=ROOT,
-                        ),
-                        config,
-                        output,
-                    )
-                )
-            for process, config, _ in running:
-                assert process.stdin is not None
-                process.stdin.write(json.dumps(config))
-                process.stdin.close()
+                running.append((start_in_subprocess(config, output), output))
             results = []
-            for process, _, output in running:
+            for process, output in running:
                 assert process.stderr is not None
                 stderr = process.stderr.read()
                 process.wait(240)
