@@ -7,6 +7,7 @@ how many requests were in service at once, per host and across hosts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -40,3 +41,28 @@ def max_in_service(all_stats: Iterable[dict[str, Any]]) -> int:
         current += change
         peak = max(peak, current)
     return peak
+
+
+def time_in_service(stats: dict[str, Any]) -> dict[int, float]:
+    """Seconds the server spent with each number of requests in service,
+    from the first arrival to the last answer."""
+    events: list[tuple[float, int]] = []
+    for start, end in service_intervals(stats):
+        events.append((start, 1))
+        events.append((end, -1))
+    events.sort(key=lambda event: (event[0], event[1]))
+    spent: dict[int, float] = {}
+    current = 0
+    for (time, change), (next_time, _) in itertools.pairwise(events):
+        current += change
+        spent[current] = spent.get(current, 0.0) + next_time - time
+    return spent
+
+
+def mean_in_service(stats: dict[str, Any]) -> float:
+    """The time-weighted mean of the requests in service (see
+    :func:`time_in_service`): the load a crawl put on the host, less
+    sensitive than :func:`max_in_service` to one instant."""
+    spent = time_in_service(stats)
+    total = sum(spent.values())
+    return sum(count * seconds for count, seconds in spent.items()) / total

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from tests.server_checks import max_in_service
+from tests.server_checks import max_in_service, mean_in_service
 from tests.test_shared_state_crawl import (
     assert_complete,
     finish,
@@ -66,14 +66,21 @@ def test_processes_share_one_adaptive_limit(simhosts, redis_server, reactor):
         simhosts({**HOST, "queue_size": 64}), 3, PAGES, redis_server.url, reactor
     )
     independent = crawl(simhosts({**HOST, "queue_size": 64}), 3, PAGES, None, reactor)
-    peaks = [max_in_service([stats]) for stats in (one, shared, independent)]
-    print("peak in service: one process, 3 shared, 3 independent:", peaks)
-    for stats in (one, shared, independent):
+    runs = (one, shared, independent)
+    peaks = [max_in_service([stats]) for stats in runs]
+    means = [round(mean_in_service(stats), 2) for stats in runs]
+    print(
+        "in service, one process, 3 shared, 3 independent: peak", peaks, "mean", means
+    )
+    for stats in runs:
         assert not [record for record in stats["arrivals"] if record[3] == 503]
     # The 3 shared processes hold the host about where one process does:
     # one limit, whose peak varies from run to run as one process's does
-    # (one process 8-10, 3 shared 7-12 in the runs so far), where 3
-    # independent processes peaked at 2-3 times one process's (17-25)...
+    # (10 runs on 2 loaded cores: one process 8-9, 3 shared 7-13; time-weighted
+    # mean one 4.8-5.6, shared 4.8-7.4), where 3 independent processes held
+    # it at 2-3 times one process's load (peak 14-39, mean 8.0-23.4)...
     assert peaks[1] <= 1.5 * peaks[0] + 1
+    assert means[1] <= 1.5 * means[0] + 1
     # ...and without sharing they hold it higher.
     assert peaks[2] > peaks[1]
+    assert means[2] > means[1]
