@@ -261,6 +261,52 @@ return released
 """
 )
 
+#: KEYS: the next-send, sends and quota key of each scope of a request
+#: answered from a cache. ARGV: the token of its lease, the server's time of
+#: its admission (µs), then per scope the spacing that admission set (µs;
+#: 0: none to give back, as for a paced scope), the request's amount (0:
+#: none) and the quota's window (µs; 0: no quota). The send leaves the
+#: scope's sends (it never reached the host: a 429's pace must not count
+#: it); its spacing is given back if it is still the scope's latest send and
+#: the next-send time is the one it set (nothing moved the gate since, as
+#: DelayGate.refund); its amount is given back to the quota window it was
+#: spent from, if that window is still open. Returns, per scope, 1 if its
+#: next-send time was given back, else 0.
+REFUND_SCRIPT = (
+    _NOW_PREAMBLE
+    + """
+local token = ARGV[1]
+local stamp = tonumber(ARGV[2])
+local opened = {}
+for i = 1, #KEYS / 3 do
+  opened[i] = 0
+  local next_key, sends, quota = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local spacing = tonumber(ARGV[3 * i])
+  local amount = tonumber(ARGV[3 * i + 1])
+  local window = tonumber(ARGV[3 * i + 2])
+  local latest = redis.call('ZREVRANGE', sends, 0, 0)
+  redis.call('ZREM', sends, token)
+  if spacing > 0 and latest[1] == token then
+    local next_send = tonumber(redis.call('GET', next_key) or '0')
+    if next_send == stamp + spacing and next_send > now then
+      redis.call('DEL', next_key)
+      opened[i] = 1
+    end
+  end
+  if amount > 0 and window > 0 then
+    local spent = redis.call('HMGET', quota, 'start', 'consumed')
+    local start = tonumber(spent[1])
+    if start and stamp >= start and stamp < start + window
+        and now < start + window then
+      local consumed = math.max(0, tonumber(spent[2] or '0') - amount)
+      redis.call('HSET', quota, 'consumed', consumed)
+    end
+  end
+end
+return opened
+"""
+)
+
 #: KEYS: hold key. ARGV: microseconds from now. A hold only ever grows.
 HOLD_SCRIPT = (
     _NOW_PREAMBLE

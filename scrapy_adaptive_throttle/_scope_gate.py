@@ -216,6 +216,19 @@ class ScopeGate:
                     ScopeManagerError(scope_id, adapter.manager, "refund_send", exc),
                     "its send still spaces the next one of that scope",
                 )
+        if self.shared is not None:
+            # The shared next-send time and quota window get it back too.
+            shared_scopes = [
+                (
+                    scope_id,
+                    amounts.get(scope_id),
+                    None if (quota := adapter.shared_quota()) is None else quota[1],
+                )
+                for scope_id, adapter in reservation
+            ]
+            for scope_id in self.shared.refund(request, shared_scopes):
+                if scope_id not in opened:
+                    opened.append(scope_id)
         for listener in self.timer_listeners:
             for scope_id in opened:
                 listener(scope_id)

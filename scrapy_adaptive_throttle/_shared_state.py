@@ -54,7 +54,13 @@ from ._redis_client import (
     redact_url,
     unreachable,
 )
-from ._redis_scripts import ACQUIRE_SCRIPT, ADOPT_SCRIPT, HOLD_SCRIPT, RELEASE_SCRIPT
+from ._redis_scripts import (
+    ACQUIRE_SCRIPT,
+    ADOPT_SCRIPT,
+    HOLD_SCRIPT,
+    REFUND_SCRIPT,
+    RELEASE_SCRIPT,
+)
 from ._settings import report_invalid_setting
 from ._shared_connection import ScopeCheck, SharedConnection, fallback_check
 from ._shared_limit import AdaptiveScopes
@@ -138,6 +144,7 @@ class SharedState(SharedConnection):
         self._adopt = client.register_script(ADOPT_SCRIPT)
         self._release = client.register_script(RELEASE_SCRIPT)
         self._hold = client.register_script(HOLD_SCRIPT)
+        self._refund = client.register_script(REFUND_SCRIPT)
         self._ttl = round(config.lease_ttl * 1e6)
         self._token_prefix = uuid.uuid4().hex[:12]
         #: This process's marker: missing at a check while this process has
@@ -146,6 +153,12 @@ class SharedState(SharedConnection):
         self._tokens = itertools.count(1)
         #: The lease taken by the last successful check, until claimed.
         self._pending: tuple[tuple[ScopeID, ...], str] | None = None
+        #: The last successful check's admission, for a refund: the server's
+        #: time (µs) and the spacing it set per scope (µs; 0: paced, kept).
+        self._admitted: tuple[int, dict[ScopeID, int]] = (0, {})
+        #: Each leased request's admission (see ``_admitted``), until it is
+        #: released, for :meth:`refund`.
+        self._sends: dict[Request, tuple[str, int, dict[ScopeID, int]]] = {}
         #: Every reserved request: its lease token (``None``: reserved during
         #: a fallback, not leased) and scopes.
         self._leases: dict[Request, tuple[str | None, tuple[ScopeID, ...]]] = {}
@@ -271,6 +284,13 @@ class SharedState(SharedConnection):
                 self.paces.published(scope_id, published, int(server_now))
         if status == 1:
             self._pending = (tuple(scope for scope, *_ in scopes), token)
+            self._admitted = (
+                int(server_now),
+                {
+                    scope_id: 0 if pace(scope_id)[0] else max(0, round(spacing * 1e6))
+                    for scope_id, _, _, spacing in scopes
+                },
+            )
             return 0.0, None
         seconds = int(wait) / 1e6
         if seconds > 0:
@@ -299,6 +319,7 @@ class SharedState(SharedConnection):
         self._pending = None
         if pending is not None and pending[0] == scopes:
             self._leases[request] = (pending[1], scopes)
+            self._sends[request] = (pending[1], *self._admitted)
             if sent_at is not None:
                 self.paces.sent(sent_at, pending[1])
             return
@@ -320,12 +341,55 @@ class SharedState(SharedConnection):
         slot is usually taken at once by the next request, in the same
         round trip), or on its own after :data:`RELEASE_BATCH_DELAY`.
         """
+        self._sends.pop(request, None)
         entry = self._leases.pop(request, None)
         if entry is None:
             return
         token, scopes = entry
         if token is not None and scopes:
             self._free(scopes, token)
+
+    def refund(
+        self,
+        request: Request,
+        scopes: Sequence[tuple[ScopeID, float | None, float | None]],
+    ) -> list[ScopeID]:
+        """Give back what the send of *request*, answered from a cache
+        (it never reached the host), took from the shared state, before its
+        release: *scopes* are ``(scope, amount, quota window)`` (``None``:
+        no amount, no quota).
+
+        The send leaves the scope's sends; its spacing is given back to the
+        shared next-send time if nothing moved it since (another process's
+        send, a pace), and its amount to the quota window it was spent
+        from, if still open. Return the scopes whose next-send times opened
+        sooner. One round trip; nothing while Redis is lost.
+        """
+        admitted = self._sends.pop(request, None)
+        if admitted is None or not self.sharing:
+            return []
+        token, stamp, spacings = admitted
+        keys: list[str] = []
+        args: list[Any] = [token, stamp]
+        refunded: list[ScopeID] = []
+        for scope_id, amount, window in scopes:
+            if scope_id not in spacings:
+                continue
+            refunded.append(scope_id)
+            keys += (self._key(kind, scope_id) for kind in ("next", "sends", "quota"))
+            spent = amount if amount is not None and math.isfinite(amount) else 0.0
+            args += (
+                spacings[scope_id],
+                max(0.0, spent),
+                0 if window is None else max(0, round(window * 1e6)),
+            )
+        if not keys:
+            return []
+        try:
+            opened = self._call(self._refund, keys, args)
+        except RedisFailure:
+            return []
+        return [scope for scope, flag in zip(refunded, opened, strict=True) if flag]
 
     def _free(self, scopes: Sequence[ScopeID], token: str) -> None:
         if not self.sharing:

@@ -11,6 +11,7 @@ and no deprecation warning is emitted (Scrapy does not deprecate the key).
 
 from __future__ import annotations
 
+import uuid
 import warnings
 
 import pytest
@@ -215,16 +216,19 @@ async def test_a_slot_set_by_a_downloader_middleware_counts_from_the_retry(
 
 
 @ON_BOTH_REACTORS
-@pytest.mark.parametrize("plugin", [True, False], ids=["plugin", "plain-scrapy"])
+@pytest.mark.parametrize(
+    "plugin", ["plugin", "shared", "plain-scrapy"], ids=lambda value: value
+)
 @deferred_f_from_coro_f
 async def test_http_cache_hits_do_not_wait_for_the_delay(
-    simhosts, tmp_path, reactor, plugin
+    simhosts, tmp_path, reactor, plugin, request
 ):
     """A crawl run again over Scrapy's HTTP cache (a spider's developer does
     that all day) is not spaced by DOWNLOAD_DELAY: nothing reaches the host.
     With Scrapy's own downloader the cache answers before the slot's delay;
     with the plugin the queue reserves the scope first, and the cache hit
-    gives the send back. Links are followed from callbacks."""
+    gives the send back, to the shared next-send time in Redis as well with
+    THROTTLING_STATE_URL ("shared"). Links are followed from callbacks."""
     hosts = simhosts({"name": "A", "kind": "unlimited"})
     settings = {
         "HTTPCACHE_ENABLED": True,
@@ -233,8 +237,11 @@ async def test_http_cache_hits_do_not_wait_for_the_delay(
         "DOWNLOAD_DELAY_JITTER": 0,
         "CLOSESPIDER_TIMEOUT": 60,
     }
-    if plugin:
+    if plugin != "plain-scrapy":
         settings = {**settings, "ADDONS": ADDON}
+    if plugin == "shared":
+        settings["THROTTLING_STATE_URL"] = request.getfixturevalue("redis_server").url
+        settings["THROTTLING_STATE_PREFIX"] = f"cache-{uuid.uuid4().hex[:8]}"
     pages = 1 + 2 + 4
     first = await crawl_follow(reactor, settings, [hosts.url("A")], depth=2, fanout=2)
     assert first["lost"] == []
