@@ -142,34 +142,71 @@ def assert_complete(outcome: dict[str, Any], pages: int) -> None:
     assert outcome["finish_reason"] == "finished"
 
 
+def crawl_together(
+    hosts: Any,
+    count: int,
+    pages: int,
+    *,
+    redis_url: str | None,
+    reactor: str = "asyncio",
+    prefix: str | None = None,
+    metas: list[dict[str, Any]] | None = None,
+    timeout: float = 60,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """*count* processes (one key *prefix*, a fresh one by default) each
+    crawling *pages* pages of their own on host A (:func:`process_config`,
+    with *settings* and per-URL *metas*); every one must answer all its
+    pages. Returns their outcomes."""
+    prefix = prefix or f"crawl-{uuid.uuid4().hex[:8]}"
+    processes = []
+    for index in range(count):
+        config = process_config(
+            hosts,
+            index,
+            pages,
+            redis_url=redis_url,
+            prefix=prefix,
+            reactor=reactor,
+            **settings,
+        )
+        if metas is not None:
+            config["metas"] = metas
+        processes.append(start_process(config))
+    outcomes = [finish(process, timeout=timeout) for process in processes]
+    for outcome in outcomes:
+        assert_complete(outcome, pages)
+    return outcomes
+
+
+def assert_each_page_once(
+    stats: dict[str, Any], total: int, *, status: int | None = None
+) -> None:
+    """Each of the *total* pages arrived at the host exactly once (with
+    *status*: answered with it exactly once, e.g. 200 where refusals are
+    retried)."""
+    if status is not None:
+        stats = {"arrivals": [r for r in stats["arrivals"] if r[3] == status]}
+    arrivals = page_arrivals(stats)
+    assert set(arrivals.values()) == {1}
+    assert len(arrivals) == total
+
+
 @pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
 def test_limit_holds_across_processes(simhosts, redis_server, reactor):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
     pages = 40
     prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    processes = [
-        start_process(
-            process_config(
-                hosts,
-                index,
-                pages,
-                redis_url=redis_server.url,
-                prefix=prefix,
-                reactor=reactor,
-            )
-        )
-        for index in range(3)
-    ]
-    outcomes = [finish(process) for process in processes]
+    outcomes = crawl_together(
+        hosts, 3, pages, redis_url=redis_server.url, reactor=reactor, prefix=prefix
+    )
     for outcome in outcomes:
-        assert_complete(outcome, pages)
         assert outcome["stats"]["throttling/shared_state/command_count"] > 0
         assert outcome["reactor"].endswith(
             "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
         )
     stats = hosts.stats("A")
-    assert set(page_arrivals(stats).values()) == {1}
-    assert len(page_arrivals(stats)) == 3 * pages
+    assert_each_page_once(stats, 3 * pages)
     peak = max_in_service([stats])
     # At most the shared limit, and the limit is used (not 1 per process).
     assert LIMIT - 1 <= peak <= LIMIT
@@ -183,14 +220,7 @@ def test_without_shared_state_each_process_has_its_own_limit(simhosts):
     limit at the server, so the check above can fail."""
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
     pages = 40
-    processes = [
-        start_process(
-            process_config(hosts, index, pages, redis_url=None, prefix="unused")
-        )
-        for index in range(3)
-    ]
-    for process in processes:
-        assert_complete(finish(process), pages)
+    crawl_together(hosts, 3, pages, redis_url=None)
     assert max_in_service([hosts.stats("A")]) > LIMIT
 
 

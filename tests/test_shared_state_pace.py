@@ -19,13 +19,7 @@ from scrapy.utils.test import get_crawler
 
 from scrapy_adaptive_throttle import ThrottlingScopeManager
 from tests.test_shared_state import make_state
-from tests.test_shared_state_crawl import (
-    assert_complete,
-    finish,
-    page_arrivals,
-    process_config,
-    start_process,
-)
+from tests.test_shared_state_crawl import assert_each_page_once, crawl_together
 
 
 class Process:
@@ -182,33 +176,21 @@ def crawl_api(simhosts, redis_url, reactor):
             "retry_after": 1,
         }
     )
-    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    processes = [
-        start_process(
-            process_config(
-                hosts,
-                index,
-                PAGES,
-                redis_url=redis_url,
-                prefix=prefix,
-                reactor=reactor,
-                THROTTLING_SCOPES={},
-                THROTTLING_STATE_PROCESSES=PROCESSES,
-                CONCURRENT_REQUESTS_PER_DOMAIN=32,
-                RETRY_TIMES=100,
-            )
-        )
-        for index in range(PROCESSES)
-    ]
-    for process in processes:
-        assert_complete(finish(process, timeout=180), PAGES)
+    crawl_together(
+        hosts,
+        PROCESSES,
+        PAGES,
+        redis_url=redis_url,
+        reactor=reactor,
+        timeout=180,
+        THROTTLING_SCOPES={},
+        THROTTLING_STATE_PROCESSES=PROCESSES,
+        CONCURRENT_REQUESTS_PER_DOMAIN=32,
+        RETRY_TIMES=100,
+    )
     stats = hosts.stats("A")
     # Every page served once (a refused one is retried until it is).
-    served = page_arrivals(
-        {"arrivals": [record for record in stats["arrivals"] if record[3] == 200]}
-    )
-    assert set(served.values()) == {1}
-    assert len(served) == PROCESSES * PAGES
+    assert_each_page_once(stats, PROCESSES * PAGES, status=200)
     return stats
 
 

@@ -15,13 +15,7 @@ from typing import Any
 import pytest
 
 from tests.test_shared_state import make_state
-from tests.test_shared_state_crawl import (
-    assert_complete,
-    finish,
-    page_arrivals,
-    process_config,
-    start_process,
-)
+from tests.test_shared_state_crawl import assert_each_page_once, crawl_together
 
 
 @pytest.fixture
@@ -90,27 +84,20 @@ PROCESSES = 3
 def crawl_quota(simhosts, redis_url, reactor):
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
     netloc = hosts.netloc("A")
-    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    processes = []
-    for index in range(PROCESSES):
-        config = process_config(
-            hosts,
-            index,
-            PAGES,
-            redis_url=redis_url,
-            prefix=prefix,
-            reactor=reactor,
-            THROTTLING_SCOPES={netloc: {"quota": QUOTA, "window": WINDOW}},
-            THROTTLING_STATE_PROCESSES=PROCESSES,
-        )
+    crawl_together(
+        hosts,
+        PROCESSES,
+        PAGES,
+        redis_url=redis_url,
+        reactor=reactor,
         # One unit a request (the redirects' targets too: they keep the meta).
-        config["metas"] = [{"throttling_scopes": {netloc: 1.0}}] * PAGES
-        processes.append(start_process(config))
-    for process in processes:
-        assert_complete(finish(process, timeout=120), PAGES)
+        metas=[{"throttling_scopes": {netloc: 1.0}}] * PAGES,
+        timeout=120,
+        THROTTLING_SCOPES={netloc: {"quota": QUOTA, "window": WINDOW}},
+        THROTTLING_STATE_PROCESSES=PROCESSES,
+    )
     stats = hosts.stats("A")
-    assert set(page_arrivals(stats).values()) == {1}
-    assert len(page_arrivals(stats)) == PROCESSES * PAGES
+    assert_each_page_once(stats, PROCESSES * PAGES)
     return stats
 
 
