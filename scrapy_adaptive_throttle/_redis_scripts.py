@@ -320,12 +320,14 @@ return 0
 """
 )
 
-#: KEYS: the leader, samples and limit key of each adaptive scope. ARGV: this
-#: process's id, the leader TTL and the limit TTL (ms), then the limit to
-#: publish for each scope (-1: none). A process takes the lead of a scope
-#: nobody leads (SET NX), keeps it while it renews it, publishes its limit
-#: and drains the scope's samples. Returns ``{now, entries...}``: per scope
-#: ``{0}`` (led by another process) or ``{1, samples...}``.
+#: KEYS: the leader, samples, limit and baseline key of each adaptive scope.
+#: ARGV: this process's id, the leader TTL and the limit TTL (ms), then the
+#: limit and the baseline latency (s) to publish for each scope (-1: none).
+#: A process takes the lead of a scope nobody leads (SET NX), keeps it while
+#: it renews it, publishes its limit and baseline and drains the scope's
+#: samples. Returns ``{now, entries...}``: per scope ``{0}`` (led by another
+#: process) or ``{1, limit, baseline, samples...}``, the limit and baseline
+#: published before this call (``''``: none), which a new leader adopts.
 LEADER_SCRIPT = (
     _NOW_PREAMBLE
     + """
@@ -333,8 +335,9 @@ local me = ARGV[1]
 local leader_ttl = tonumber(ARGV[2])
 local limit_ttl = tonumber(ARGV[3])
 local out = {string.format('%.0f', now)}
-for i = 1, #KEYS / 3 do
-  local leader, samples, limit = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+for i = 1, #KEYS / 4 do
+  local leader, samples = KEYS[4 * i - 3], KEYS[4 * i - 2]
+  local limit, baseline = KEYS[4 * i - 1], KEYS[4 * i]
   local holder = redis.call('GET', leader)
   if not holder then
     redis.call('SET', leader, me, 'PX', leader_ttl)
@@ -342,10 +345,18 @@ for i = 1, #KEYS / 3 do
   end
   if holder == me then
     redis.call('PEXPIRE', leader, leader_ttl)
-    local publish = tonumber(ARGV[3 + i])
-    if publish >= 0 then redis.call('SET', limit, publish, 'PX', limit_ttl) end
+    local published = redis.call('GET', limit) or ''
+    local published_baseline = redis.call('GET', baseline) or ''
+    local publish = tonumber(ARGV[2 + 2 * i])
+    if publish >= 0 then
+      redis.call('SET', limit, publish, 'PX', limit_ttl)
+      local best = tonumber(ARGV[3 + 2 * i])
+      if best > 0 then redis.call('SET', baseline, ARGV[3 + 2 * i], 'PX', limit_ttl) end
+    end
     local entry = redis.call('LRANGE', samples, 0, -1)
     redis.call('DEL', samples)
+    table.insert(entry, 1, published_baseline)
+    table.insert(entry, 1, published)
     table.insert(entry, 1, 1)
     out[i + 1] = entry
   else
@@ -355,3 +366,35 @@ end
 return out
 """
 )
+
+#: KEYS: the leader, limit and baseline key of each adaptive scope whose
+#: limit its leader just changed. ARGV: this process's id, the limit TTL
+#: (ms), then the limit and baseline (s, -1: none) of each scope. Publishes
+#: them where this process still leads: a limit decided on drained samples
+#: is enforced at once, not a drain later. Returns the server's time (µs).
+PUBLISH_SCRIPT = (
+    _NOW_PREAMBLE
+    + """
+local me = ARGV[1]
+local limit_ttl = tonumber(ARGV[2])
+for i = 1, #KEYS / 3 do
+  if redis.call('GET', KEYS[3 * i - 2]) == me then
+    redis.call('SET', KEYS[3 * i - 1], ARGV[1 + 2 * i], 'PX', limit_ttl)
+    if tonumber(ARGV[2 + 2 * i]) > 0 then
+      redis.call('SET', KEYS[3 * i], ARGV[2 + 2 * i], 'PX', limit_ttl)
+    end
+  end
+end
+return string.format('%.0f', now)
+"""
+)
+
+#: KEYS: the leader key of each scope this process leads. ARGV: this
+#: process's id. Gives the lead up (its crawl ends), so that another process
+#: takes it at its next renewal instead of a lead TTL later.
+RESIGN_SCRIPT = """
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
+end
+return 0
+"""

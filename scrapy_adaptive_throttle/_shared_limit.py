@@ -14,11 +14,16 @@ host allows one of them, and together load it four times over. With
   release, stamped with the server's time and the scope's leases then;
   the list is capped (:data:`~._redis_scripts.SAMPLES_CAP`) and expires;
 * one process per scope leads it (a key taken with ``SET NX PX``, renewed
-  every :data:`LEADER_INTERVAL`, taken over by another process once it
-  expires): every :data:`LEADER_INTERVAL` it drains the samples of every
-  process into its own limit, through
+  every :data:`LEADER_INTERVAL`, given up when its crawl ends and taken
+  over by another process once it is free): every :data:`LEADER_INTERVAL`
+  it drains the samples of every process into its own limit, through
   :class:`~._algorithms.concurrency.AdaptiveLimit`'s public methods (so the
-  rule sees the *global* in-flight count), and publishes the limit;
+  rule sees the *global* in-flight count), and publishes the limit and its
+  baseline latency; a limit the drain changed is published at once (a
+  second round trip), and what the change starts (a round, growth, a
+  probe) counts only answers to requests sent once it is enforced
+  (``LatencyLimit.hold``): counted, the answers the drain had not reached
+  yet lowered the limit again and took a queue for a slowdown;
 * the check script enforces the published limit on the scope's leases, for
   every process (capped by each process's own ceiling).
 
@@ -27,7 +32,10 @@ scope no process leads yet (or whose published limit expired) is limited by
 the asking process's own limit. While Redis is lost, each process adapts on
 its own samples again and keeps to its share of its own limit (the limit
 divided by :setting:`THROTTLING_STATE_PROCESSES`). A process that takes the
-lead over starts from its own limit (the algorithm's state is not copied).
+lead over goes on from the published limit and baseline (``adopt``), not
+from its own limit, which no sample fed while another process led: that
+one restarted slow start from the floor and took the loaded answers of the
+hand-over for its baseline, and held the host at up to its ceiling.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._algorithms.concurrency import AdaptiveLimit, ConcurrencyLimit
 from ._redis_client import RedisFailure
-from ._redis_scripts import LEADER_SCRIPT
+from ._redis_scripts import LEADER_SCRIPT, PUBLISH_SCRIPT, RESIGN_SCRIPT
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -138,14 +146,41 @@ class SharedAdaptiveLimit(AdaptiveLimit):
         self._scopes.add_sample(self.scope_id, "e" if error else "r", latency)
         return False
 
+    @property
+    def baseline(self) -> float:
+        """The baseline latency to publish with the limit (-1: none yet)."""
+        best = self.algorithm.best
+        return -1.0 if best is None else best
+
+    def adopt(self, now: float, limit: str, baseline: str) -> None:
+        """Lead on from the *limit* and *baseline* the previous leader
+        published (``''``: none), instead of from this process's own
+        limit, which no sample fed while another process led."""
+        try:
+            value = int(limit)
+            best = float(baseline) if baseline else None
+        except ValueError:  # none published, or not by this package
+            return
+        self.algorithm.adopt(now, value, best)
+        self._current = self.algorithm.current()
+
     def feed(self, kind: str, now: float, latency: float, in_flight: int) -> None:
-        """Feed one sample of any process (the leader does)."""
+        """Feed one sample of any process (the leader does). Once the whole
+        limit changes, the algorithm is held (see ``LatencyLimit.hold``)
+        until :meth:`release`: the change is enforced only once published."""
+        before = self._current
         if kind == "s":
             super().on_sent(now, in_flight)
         elif kind == "o":
             super().on_overload(now)
         else:
             super().on_response(now, latency, in_flight, error=kind == "e")
+        if self._current != before:
+            self.algorithm.hold(now)
+
+    def release(self, now: float) -> None:
+        """The limit is published: its change is enforced from *now* on."""
+        self.algorithm.release(now)
 
 
 def share_limit(
@@ -189,6 +224,8 @@ class AdaptiveScopes:
         self._schedule = schedule
         self._send_soon = send_soon
         self._script = connection._client.register_script(LEADER_SCRIPT)
+        self._publisher = connection._client.register_script(PUBLISH_SCRIPT)
+        self._resigner = connection._client.register_script(RESIGN_SCRIPT)
         self._id = uuid.uuid4().hex
         self.limits: weakref.WeakValueDictionary[ScopeID, SharedAdaptiveLimit] = (
             weakref.WeakValueDictionary()
@@ -270,38 +307,77 @@ class AdaptiveScopes:
             round(LEADER_TTL * 1000),
             round(LIMIT_TTL * 1000),
         ]
+        sent: list[int] = []
         for limit in limits:
             keys += (
                 self._key("leader", limit.scope_id),
                 self._key("samples", limit.scope_id),
                 self._key("limit", limit.scope_id),
+                self._key("baseline", limit.scope_id),
             )
-            args.append(limit.own_limit if limit.scope_id in self.leading else -1)
+            value = limit.own_limit if limit.scope_id in self.leading else -1
+            sent.append(value)
+            args += (value, f"{limit.baseline:.6f}")
         try:
             answer = self._connection._call(self._script, keys, args)
         except RedisFailure:
             return
         server_now = int(answer[0]) / 1e6
         offset = self._connection._clock() - server_now
-        for limit, entry in zip(limits, answer[1:], strict=True):
+        changed: list[SharedAdaptiveLimit] = []
+        for limit, value, entry in zip(limits, sent, answer[1:], strict=True):
             if not int(entry[0]):
                 self.leading.discard(limit.scope_id)
                 continue
-            self.leading.add(limit.scope_id)
+            if limit.scope_id not in self.leading:
+                # Taken over (or first led): go on from the published limit.
+                self.leading.add(limit.scope_id)
+                limit.adopt(server_now + offset, _decode(entry[1]), _decode(entry[2]))
             last = 0.0
-            for sample in entry[1:]:
+            for sample in entry[3:]:
                 kind, stamp, latency, in_flight = _decode(sample).split()
                 last = max(last, int(stamp) / 1e6 + offset)
                 limit.feed(kind, last, float(latency), int(in_flight))
             limit.published = limit.own_limit
+            if limit.own_limit != value or limit.algorithm.held:
+                changed.append(limit)
+        if changed:
+            self._publish(changed)
+
+    def _publish(self, changed: list[SharedAdaptiveLimit]) -> None:
+        """Publish the limits a drain changed at once (one round trip): they
+        are enforced from then on (and, if Redis is lost, locally)."""
+        keys: list[str] = []
+        args: list[Any] = [self._id, round(LIMIT_TTL * 1000)]
+        for limit in changed:
+            keys += (
+                self._key("leader", limit.scope_id),
+                self._key("limit", limit.scope_id),
+                self._key("baseline", limit.scope_id),
+            )
+            args += (limit.own_limit, f"{limit.baseline:.6f}")
+        with suppress(RedisFailure):
+            self._connection._call(self._publisher, keys, args)
+        now = self.now()
+        for limit in changed:
+            limit.release(now)
 
     def close(self) -> None:
-        """Stop leading (the crawl ends)."""
+        """Stop leading (the crawl ends): give the leads up, so that another
+        process takes them at its next renewal, with the limit published."""
         self._closed = True
         if self._timer is not None:
             timer, self._timer = self._timer, None
             with suppress(Exception):  # already fired
                 timer.cancel()
+        leading, self.leading = self.leading, set()
+        if leading and self.sharing:
+            with suppress(RedisFailure):
+                self._connection._call(
+                    self._resigner,
+                    [self._key("leader", scope_id) for scope_id in leading],
+                    [self._id],
+                )
 
 
 def _decode(value: Any) -> str:

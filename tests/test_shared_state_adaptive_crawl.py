@@ -65,16 +65,12 @@ def test_processes_share_one_adaptive_limit(simhosts, redis_server, reactor):
     # script caps the published limit with it).
     ceiling = ADAPTIVE["CONCURRENT_REQUESTS_PER_DOMAIN"]
     assert peaks[1] <= ceiling
-    # The 3 shared processes should hold the host about where one process
-    # does: one limit. Mostly they do (mean one process 4.6-5.6, 3 shared
-    # 4.2-8.3 in those 17 runs), but not always: in 2 CI runs the shared
-    # mean was 8.3 and 9.99 against 5.3 and 5.1, peaks 16 and 14 against 8,
-    # and one traced peak came at the end of the crawl, as processes
-    # finished and the lead changed hands. An open defect of issue 13,
-    # reported as an expected failure when it shows, with its figures.
-    if means[1] > 1.5 * means[0] + 1:
-        pytest.xfail(
-            "open defect (issue 13): 3 shared processes held a mean of "
-            f"{means[1]} in service against one process's {means[0]} "
-            f"(peaks {peaks[1]} against {peaks[0]})"
-        )
+    # ...and the 3 shared processes hold the host where one process does:
+    # one limit. In 26 runs (13 per reactor, 2 cores): time-weighted mean
+    # in service, one process 4.72-7.84, 3 shared 4.98-6.24 (at most 1.23 x
+    # one's), 3 independent 8.41-19.59; peaks 7-11, 7-10 and 15-36. Before
+    # the leader held its changes until they were published and handed its
+    # limit and baseline over, 5 of 30 runs took a queue for a slowdown (a
+    # 1.6 x baseline) or restarted slow start at a lead change: 7.0-8.4
+    # against 4.9-5.4, and in CI 9.99 against 5.13.
+    assert means[1] <= 1.25 * means[0] + 0.75

@@ -122,6 +122,59 @@ def test_the_lead_is_taken_over_when_the_leader_stops(redis_server, prefix):
     assert kept
 
 
+def test_a_new_leader_goes_on_from_the_published_limit_and_baseline(
+    redis_server, prefix
+):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    one, two = adaptive(first, initial=3), adaptive(second, initial=16)
+    first.adaptive.lead()
+    request = send(first, one, 0)
+    one.on_response(time.monotonic(), 0.05, 1, error=False)
+    first.release(request)  # type: ignore[arg-type]
+    first.adaptive.lead()  # fed: baseline 0.05
+    first.adaptive.lead()  # published with the limit
+    client = redis_server.client()
+    assert client.get(f"{prefix}:limit:{SCOPE}") == b"3"
+    assert client.get(f"{prefix}:baseline:{SCOPE}") == b"0.050000"
+    # The leader stops (killed: no resignation); its lead expires.
+    time.sleep(LEADER_TTL + 0.1)
+    second.adaptive.lead()
+    assert second.adaptive.leading == {SCOPE}
+    # Its own limit was never fed while the first led (16, in slow start):
+    # it goes on from the published one instead.
+    assert (two.own_limit, two.limit) == (3, 3)
+    assert two.algorithm.best == pytest.approx(0.05)
+    assert not two.algorithm.in_slow_start
+
+
+def test_a_leader_that_closes_hands_the_lead_over_at_once(redis_server, prefix):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    kept = [adaptive(first, initial=5), adaptive(second, initial=16)]
+    first.adaptive.lead()
+    second.adaptive.lead()
+    assert second.adaptive.leading == set()
+    first.close()  # the crawl ends: it gives the lead up
+    second.adaptive.lead()  # no LEADER_TTL to wait
+    assert second.adaptive.leading == {SCOPE}
+    assert kept[1].own_limit == 5
+
+
+def test_a_limit_changed_by_a_drain_is_published_by_it(redis_server, prefix):
+    state = make_state(redis_server, prefix)
+    limit = adaptive(state, initial=8)
+    state.adaptive.lead()
+    client = redis_server.client()
+    assert client.get(f"{prefix}:limit:{SCOPE}") == b"8"
+    request = send(state, limit, 0)
+    limit.on_overload(time.monotonic())  # goes out with the release
+    state.release(request)  # type: ignore[arg-type]
+    state.adaptive.lead()
+    # Halved on that drain, and enforced at once, not a drain (0.1 s) later.
+    assert limit.own_limit == 4
+    assert client.get(f"{prefix}:limit:{SCOPE}") == b"4"
+    assert not limit.algorithm.held
+
+
 def test_a_scope_idle_in_a_process_is_not_led_by_it(redis_server, prefix):
     first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
     one, two = adaptive(first), adaptive(second)
@@ -148,7 +201,8 @@ def test_every_key_of_the_shared_limit_expires(redis_server, prefix):
     state.adaptive.lead()
     client = redis_server.client()
     keys = client.keys(f"{prefix}:*")
-    assert {key.decode().split(":")[1] for key in keys} >= {"leader", "limit"}
+    kinds = {key.decode().split(":")[1] for key in keys}
+    assert kinds >= {"leader", "limit", "baseline"}
     assert all(client.pttl(key) > 0 for key in keys)
 
 

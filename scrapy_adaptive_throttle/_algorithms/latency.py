@@ -186,6 +186,8 @@ class LatencyLimit(LatencyState):
         sent = now - latency
         current_round = self._round
         counted = sent >= current_round.mark
+        if counted:
+            current_round.loads.append(in_flight)
         threshold = self._threshold(best)
         if latency <= threshold:
             step = growth_step(latency, best, threshold)
@@ -272,6 +274,7 @@ class LatencyLimit(LatencyState):
             slower = self._speed.after_slow_round(
                 latencies,
                 mostly_slow=current_round.mostly_slow(),
+                load=current_round.load(),
             )
             if slower is not None:
                 # Lowering the limit three rounds in a row did not bring the
@@ -295,6 +298,75 @@ class LatencyLimit(LatencyState):
             and probe.try_begin(now, int(self.limit), self._minimum, self.window)
         ):
             self._note_limit(now)
+
+    # -- a limit run away from where it is enforced ---------------------------------
+
+    def hold(self, now: float) -> None:
+        """The limit just changed at *now*, but is enforced elsewhere, later
+        (the leader of a shared limit publishes it to every process after a
+        drain of their samples): until :meth:`release`, what the change
+        started (a new round, growth from the raised limit, a probe) counts
+        no answer.
+
+        The answers fed meanwhile are to requests sent under the earlier
+        limit, so they tell nothing about the new one. Counted, a lowered
+        limit's next rounds are still slow, which lowers it again and reads
+        as a slowdown lowering cannot fix (a wrong, higher baseline), and a
+        raised limit grows again on answers that never tested it. They
+        still make the baseline, and a round the change did not end (slow
+        start raising the limit) goes on counting them, as without a hold.
+        """
+        current_round = self._round
+        if current_round.mark == now:
+            current_round.mark = math.inf
+        if self._raised_at == now:
+            self._raised_at = math.inf
+        probe = self._probe
+        if probe.started == now:
+            probe.started = math.inf
+
+    def release(self, now: float) -> None:
+        """What :meth:`hold` kept waiting starts at *now*: answers to
+        requests sent from then on count."""
+        current_round = self._round
+        if current_round.mark == math.inf:
+            current_round.start(now)
+        if self._raised_at == math.inf:
+            self._raised_at = now
+        probe = self._probe
+        if probe.started == math.inf:
+            probe.started = now
+
+    @property
+    def held(self) -> bool:
+        """Whether a change waits for :meth:`release`."""
+        return math.inf in (self._round.mark, self._raised_at, self._probe.started)
+
+    def adopt(self, now: float, limit: float, baseline: float | None) -> None:
+        """Take over a limit learned elsewhere: *limit* and its *baseline*
+        latency (``None``: unknown), as the new leader of a shared limit
+        does.
+
+        Slow start is over (the limit was found); the baseline, when given,
+        replaces this instance's (the answers it would be made of came while
+        the host carried *limit* requests, not unloaded); a new round
+        starts at *now*.
+        """
+        self.limit = float(limit)
+        self.set_bounds(self._minimum, self._maximum)
+        self._slow_start.end()
+        if baseline is not None and 0 < baseline < math.inf:
+            # Unloaded: at the lowest level, which later loaded answers do
+            # not pool with.
+            self._baseline.restart(now, baseline, [baseline], 1, self._threshold)
+            self.best = baseline
+            self._size_rounds()
+            self._speed.reset()
+        self._round.start(now)
+        self._raised_at = now
+        if self._probe.started is not None:
+            self._probe.finish(now, self.window)
+        self._note_limit(now)
 
     def on_overload(self, now: float) -> None:
         """Halve the limit on an explicit overload signal (429, 503, ...).

@@ -93,11 +93,12 @@ class Round:
 
     Attributes: ``mark`` (when the round started), ``fast`` and ``slow``
     (its answers within and above the threshold), ``upper`` (its answers in
-    the upper half of the tolerance band or above) and ``latencies`` (its
-    answers' latencies, in the order they came).
+    the upper half of the tolerance band or above), ``latencies`` (its
+    answers' latencies, in the order they came) and ``loads`` (the requests
+    in flight at each of its normal answers).
     """
 
-    __slots__ = ("fast", "latencies", "mark", "slow", "upper")
+    __slots__ = ("fast", "latencies", "loads", "mark", "slow", "upper")
 
     def __init__(self) -> None:
         self.mark = -math.inf
@@ -105,12 +106,19 @@ class Round:
         self.slow = 0
         self.upper = 0
         self.latencies: list[float] = []
+        self.loads: list[int] = []
 
     def start(self, now: float) -> None:
         """Start a new round at *now*."""
         self.mark = now
         self.fast = self.slow = self.upper = 0
         self.latencies = []
+        self.loads = []
+
+    def load(self) -> float | None:
+        """The median of :attr:`loads` (None: no normal answer)."""
+        loads = sorted(self.loads)
+        return float(loads[(len(loads) - 1) // 2]) if loads else None
 
     def add_fast(self, latency: float) -> None:
         """Count an answer within the threshold."""

@@ -13,9 +13,17 @@ that the host itself changed speed:
   (the guide's one-second window lost 15-18% of a 3-second slowdown; on the
   noisy host model without slow start 0.63-0.69 of the reduced capacity,
   with it 0.93). A queue the crawler causes shrinks when the limit does, and
-  never triggers it. **A host that sped up** does the opposite: when three
-  quarters of the last 16 or more answers since a slow round are below the
-  baseline (and beyond its noise), their median is the new baseline. Every
+  never triggers it. A round counts only at a lower load (median requests
+  in flight at its answers) than the previous slow round's: until the
+  requests in flight follow the lowered limit down, a flat latency says
+  nothing (the processes of a shared limit lag behind it: 3 such rounds
+  at one load read as a slowdown in 5 of 30 crawls of
+  ``tests/test_shared_state_adaptive_crawl.py``, and the 1.6x baseline
+  taken then held the host at about twice one process's load).
+
+* **A host that sped up** does the opposite: when three quarters of the
+  last 16 or more answers since a slow round are below the baseline (and
+  beyond its noise), their median is the new baseline. Every
   answer counts there, not only those that ended a round: the fastest of a
   burst arrive first, and taking only them rebaselined a noise-only trace
   every few seconds.
@@ -45,7 +53,7 @@ _SPEEDUP = 0.9
 class SpeedChange:
     """The evidence, round after round, that the host itself changed speed."""
 
-    __slots__ = ("_faster", "_flat", "_slow_round_median")
+    __slots__ = ("_faster", "_flat", "_slow_round_load", "_slow_round_median")
 
     def __init__(self) -> None:
         # The answers of the last rounds without a decrease, until there are
@@ -54,11 +62,13 @@ class SpeedChange:
         # The median of the previous mostly slow round (None: the last round
         # was not), and how many such rounds in a row did not get faster.
         self._slow_round_median: float | None = None
+        self._slow_round_load: float | None = None
         self._flat = 0
 
     def reset(self) -> None:
         """Forget everything (a new baseline was taken)."""
         self._slow_round_median = None
+        self._slow_round_load = None
         self._flat = 0
         self._faster = []
 
@@ -70,24 +80,42 @@ class SpeedChange:
         """A round ended without a verdict (an overload): slow rounds in a
         row start over."""
         self._slow_round_median = None
+        self._slow_round_load = None
         self._flat = 0
 
     def after_slow_round(
-        self, latencies: list[float], *, mostly_slow: bool
+        self,
+        latencies: list[float],
+        *,
+        mostly_slow: bool,
+        load: float | None = None,
     ) -> float | None:
-        """A round ended with a decrease; *latencies* are its answers.
+        """A round ended with a decrease; *latencies* are its answers and
+        *load* the median of the requests in flight at them (None: unknown).
 
         Returns the round's median when the host itself got slower (the
-        third mostly slow round in a row that did not get faster), else None.
+        third mostly slow round in a row that did not get faster, each at a
+        lower load than the one before), else None.
         """
         self._faster = []
         if not mostly_slow:
             self.interrupted()
             return None
+        previous_load = self._slow_round_load
+        if (
+            self._slow_round_median is not None
+            and load is not None
+            and previous_load is not None
+            and load >= previous_load
+        ):
+            # The last decrease has not lowered the load yet: no evidence
+            # either way.
+            return None
         latencies.sort()
         median = lower_median(latencies)
         previous = self._slow_round_median
         self._slow_round_median = median
+        self._slow_round_load = load
         if previous is None or median < previous * _FLAT:
             self._flat = 0
             return None

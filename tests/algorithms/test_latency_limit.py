@@ -359,6 +359,29 @@ def test_a_slowdown_the_limit_cannot_fix_becomes_the_baseline() -> None:
     assert limit.decrease_count == 4
 
 
+@pytest.mark.parametrize(("load", "rebaselined"), [(None, 1), (7, 0)])
+def test_flat_rounds_are_a_slowdown_only_while_the_load_follows_the_limit(
+    load: int | None, rebaselined: int
+) -> None:
+    # The slowdown above, with the requests in flight following the limit
+    # down (None) or staying at 7 whatever the limit (a shared limit whose
+    # processes lag behind it): there, lowering the limit changed nothing
+    # at the host yet, so a flat latency is no evidence of a slowdown.
+    limit = LatencyLimit(
+        probe=False, slow_start=False, initial=12.0, maximum=16, window=30.0
+    )
+    limit.on_response(0.0, 0.02, in_flight=1)
+    limit.on_response(0.01, 0.02, in_flight=1)
+    now = 1.0
+    for _ in range(5):
+        now += 0.09
+        for index in range(limit.current()):
+            in_flight = limit.current() if load is None else load
+            limit.on_response(now + index / 1000, 0.08, in_flight=in_flight)
+    assert limit.rebaseline_count == rebaselined
+    assert limit.decrease_count >= 4
+
+
 def test_a_queue_of_our_own_is_not_a_slowdown() -> None:
     limit = LatencyLimit(
         probe=False, slow_start=False, initial=16.0, maximum=16, window=30.0
@@ -370,6 +393,82 @@ def test_a_queue_of_our_own_is_not_a_slowdown() -> None:
     assert limit.rebaseline_count == 0
     assert limit.best == 0.02
     assert limit.decrease_count == 5
+
+
+# -- a limit enforced elsewhere (a shared limit's leader) -------------------------
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_held_decrease_counts_only_answers_sent_after_its_release(
+    held: bool,
+) -> None:
+    limit = LatencyLimit(probe=False, slow_start=False, initial=12.0, maximum=16)
+    limit.on_response(0.0, 0.1, in_flight=1)
+    for index in range(6):
+        limit.on_response(1.0 + index / 100, 0.2, in_flight=12)
+    assert limit.decrease_count == 1
+    if held:
+        # Decided at 1.05 on drained samples; published (enforced) at 1.2.
+        limit.hold(1.05)
+        assert limit.held
+    # Slow answers to requests sent at 1.10-1.14: after the decision, but
+    # before the lowered limit was enforced, so they did not test it.
+    for index in range(5):
+        limit.on_response(1.3 + index / 100, 0.2, in_flight=10)
+    assert limit.decrease_count == (1 if held else 2)
+    if held:
+        limit.release(1.2)
+        assert not limit.held
+        # Sent at 1.25-1.29, under the lowered limit: a new round.
+        for index in range(5):
+            limit.on_response(1.45 + index / 100, 0.2, in_flight=10)
+        assert limit.decrease_count == 2
+    assert limit.limit == pytest.approx(12 * 0.9 * 0.9)
+
+
+def test_a_held_raise_grows_only_on_answers_sent_after_its_release() -> None:
+    limit = LatencyLimit(probe=False, slow_start=False, initial=2.9, maximum=10)
+    limit.on_response(1.0, 0.1, in_flight=2)  # 2.9 -> 3.24: raised at 1.0
+    limit.hold(1.0)
+    # Sent at 1.0, after the raise was decided but before it was enforced
+    # (test_answers_to_requests_older_than_a_raise_do_not_raise_again: it
+    # raises the limit again without the hold).
+    limit.on_response(1.1, 0.1, in_flight=3)
+    assert limit.limit == pytest.approx(2.9 + 1 / 2.9)
+    limit.release(1.05)
+    limit.on_response(1.2, 0.1, in_flight=3)  # sent at 1.1
+    assert limit.limit > 3.5
+
+
+def test_a_held_raise_keeps_the_round_that_ends_slow_start() -> None:
+    # Slow start raises the limit on fast answers without ending the round;
+    # the slow answers of that round must still end slow start when the
+    # raise is held (else slow start runs on to the ceiling).
+    limit = LatencyLimit(probe=False, initial=4.0, maximum=16)
+    limit.on_response(0.0, 0.1, in_flight=1)
+    limit.on_response(0.5, 0.1, in_flight=4)
+    assert limit.current() == 5
+    limit.hold(0.5)
+    for index in range(4):
+        limit.on_response(0.6 + index / 100, 0.3, in_flight=5)
+    assert not limit.in_slow_start
+    assert limit.decrease_count == 1
+
+
+def test_adopt_goes_on_from_a_limit_and_baseline_learned_elsewhere() -> None:
+    limit = LatencyLimit(initial=2.0, maximum=16)
+    assert limit.in_slow_start
+    limit.adopt(5.0, 9, 0.04)
+    assert (limit.current(), limit.best, limit.in_slow_start) == (9, 0.04, False)
+    # Loaded answers (9 in flight, 0.07 s) are slow against the adopted
+    # baseline: they lower the limit instead of becoming the baseline.
+    for index in range(9):
+        limit.on_response(5.2 + index / 100, 0.07, in_flight=9)
+    assert limit.best == 0.04
+    assert limit.current() < 9
+    # Out of bounds and without a baseline: clamped, the baseline kept.
+    limit.adopt(6.0, 40, None)
+    assert (limit.current(), limit.best) == (16, 0.04)
 
 
 def test_snapshot() -> None:
