@@ -7,7 +7,7 @@ reads as the host queueing. The same test crawls it with one process, with
 3 processes sharing their state through a real ``redis-server``, and with 3
 independent processes, and checks at the server (requests in service) that
 the 3 shared processes keep the host at about the load the one process put
-on it, while the 3 independent ones put more (so the check can fail).
+on it (the 3 independent ones, printed, mostly put more).
 Pages come from the callback of an index page and a tenth redirect (see
 ``tests/test_shared_state_crawl.py``).
 """
@@ -57,12 +57,13 @@ def test_processes_share_one_adaptive_limit(simhosts, redis_server, reactor):
     )
     for stats in runs:
         assert not [record for record in stats["arrivals"] if record[3] == 503]
-    # Without sharing, the 3 processes hold the host higher (17 runs of
-    # main plus 2 CI runs on 2 cores: time-weighted mean in service 8.0-22.9
-    # for 3 independent processes, above the shared run's in each)...
-    assert means[2] > means[1]
-    # ...and the shared peak is never above the scope's ceiling (the check
-    # script caps the published limit with it).
+    # Without sharing, the 3 processes mostly hold the host higher (mean in
+    # service 8.0-22.9 in 45 runs), but not always: each adapts to the
+    # latency the others cause too, and one CI run had 4.71 against the
+    # shared 5.22. So it is printed above, not asserted; the bound below is
+    # what failed before the fix (see there). The shared peak is never
+    # above the scope's ceiling (the check script caps the published limit
+    # with it)...
     ceiling = ADAPTIVE["CONCURRENT_REQUESTS_PER_DOMAIN"]
     assert peaks[1] <= ceiling
     # ...and the 3 shared processes hold the host where one process does:
