@@ -109,12 +109,30 @@ class BackoffTriggers:
                 remaining = entry.get("remaining")
                 if consumed is not None or remaining is not None:
                     adapter.reconcile_quota(consumed, remaining, now)
+                    self._reconcile_shared(adapter, consumed, remaining)
                     if "delay" not in entry:
                         continue
                 delay = valid_hold(entry.get("delay"))
             if not adapter.record_backoff(delay, now):
                 continue  # a custom scope manager that never backs off
             self._applied(adapter, delay, cause, now, server_delay=delay is not None)
+
+    def _reconcile_shared(
+        self, adapter: ScopeAdapter, consumed: object, remaining: object
+    ) -> None:
+        """Correct the quota window every process spends from, as the
+        scope's own window was (with :setting:`THROTTLING_STATE_URL`)."""
+        if self.shared is None:
+            return
+        quota = adapter.shared_quota()
+        if quota is None:
+            return
+        self.shared.reconcile_quota(
+            adapter.scope_id,
+            quota,
+            _number(consumed),
+            _number(remaining),
+        )
 
     def delay_scope(self, scope_id: ScopeID, delay: float, now: float) -> None:
         """Hold *scope_id* for *delay* seconds, uncapped (a trusted delay).
@@ -175,3 +193,11 @@ class BackoffTriggers:
             now,
             debug=self.config.debug,
         )
+
+
+def _number(value: object) -> float | None:
+    """*value* as a float, or None when it is not a number (a report the
+    scope's own quota ignored as well)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)

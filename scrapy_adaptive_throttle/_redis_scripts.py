@@ -307,6 +307,40 @@ return opened
 """
 )
 
+#: KEYS: the quota key of a scope. ARGV: the quota, its window (µs), then
+#: what the server reported about a request's use of it: the difference
+#: between its actual and estimated consumption ("": not reported) and the
+#: units left in the server's window ("": not reported; wins over the
+#: difference). QuotaWindow.reconcile's rule on the shared window: the
+#: window rolls first (whole windows only), a report in a window nobody
+#: used yet starts it (a reported exhaustion must expire), and the
+#: consumption never goes below 0. Returns the consumption as set.
+RECONCILE_SCRIPT = (
+    _NOW_PREAMBLE
+    + """
+local quota = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local spent = redis.call('HMGET', KEYS[1], 'start', 'consumed')
+local start = tonumber(spent[1])
+local consumed = tonumber(spent[2] or '0')
+if start and now - start >= window then
+  start = start + math.floor((now - start) / window) * window
+  if now - start >= window then start = start + window end
+  consumed = 0
+end
+if not start then start = now end
+if ARGV[4] ~= '' then
+  consumed = math.max(0, quota - tonumber(ARGV[4]))
+else
+  consumed = math.max(0, consumed + tonumber(ARGV[3]))
+end
+redis.call('HSET', KEYS[1], 'start', string.format('%.0f', start),
+           'consumed', consumed)
+redis.call('PEXPIRE', KEYS[1], math.ceil((start + window - now) / 1000) + 1000)
+return tostring(consumed)
+"""
+)
+
 #: KEYS: hold key. ARGV: microseconds from now. A hold only ever grows.
 HOLD_SCRIPT = (
     _NOW_PREAMBLE

@@ -58,6 +58,7 @@ from ._redis_scripts import (
     ACQUIRE_SCRIPT,
     ADOPT_SCRIPT,
     HOLD_SCRIPT,
+    RECONCILE_SCRIPT,
     REFUND_SCRIPT,
     RELEASE_SCRIPT,
 )
@@ -145,6 +146,7 @@ class SharedState(SharedConnection):
         self._release = client.register_script(RELEASE_SCRIPT)
         self._hold = client.register_script(HOLD_SCRIPT)
         self._refund = client.register_script(REFUND_SCRIPT)
+        self._reconcile = client.register_script(RECONCILE_SCRIPT)
         self._ttl = round(config.lease_ttl * 1e6)
         self._token_prefix = uuid.uuid4().hex[:12]
         #: This process's marker: missing at a check while this process has
@@ -391,6 +393,40 @@ class SharedState(SharedConnection):
             return []
         return [scope for scope, flag in zip(refunded, opened, strict=True) if flag]
 
+    def reconcile_quota(
+        self,
+        scope_id: ScopeID,
+        quota: tuple[float, float],
+        consumed: float | None,
+        remaining: float | None,
+    ) -> None:
+        """Correct the shared quota window of *scope_id* (*quota*:
+        ``(quota, window)``) with what a server reported about a request
+        (see :meth:`QuotaWindow.reconcile
+        <scrapy_adaptive_throttle._algorithms.quota.QuotaWindow.reconcile>`):
+        *consumed*, the difference between the request's actual and
+        estimated use, or *remaining*, what the server says is left of its
+        window (it wins). The window is the crawl's, so every process sees
+        the correction. Non-finite values are ignored; nothing is done
+        while Redis is lost (each process then spends its own window, which
+        the caller corrects).
+        """
+        limit, window = quota
+        difference = _finite(consumed)
+        left = _finite(remaining)
+        if not self.sharing or (difference is None and left is None):
+            return
+        if not (math.isfinite(window) and window > 0):
+            return
+        args = [
+            limit,
+            round(window * 1e6),
+            "" if difference is None else repr(difference),
+            "" if left is None else repr(left),
+        ]
+        with suppress(RedisFailure):
+            self._call(self._reconcile, [self._key("quota", scope_id)], args)
+
     def _free(self, scopes: Sequence[ScopeID], token: str) -> None:
         if not self.sharing:
             return  # it expires with its TTL
@@ -488,3 +524,10 @@ class SharedState(SharedConnection):
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}:{next(self._tokens)}"
+
+
+def _finite(value: float | None) -> float | None:
+    """*value* as a float when it is a finite number, else None."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
