@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.quota_report_manager import ACTUAL_COST
 from tests.test_shared_state import make_state
 from tests.test_shared_state_crawl import assert_each_page_once, crawl_together
 
@@ -210,8 +211,6 @@ PAGES_REPORTED = 8  # one of them through a redirect (page 5)
 
 @pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
 def test_a_reported_consumption_holds_every_process(simhosts, redis_server, reactor):
-    from tests.quota_report_manager import ACTUAL_COST
-
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
     netloc = hosts.netloc("A")
     crawl_together(
