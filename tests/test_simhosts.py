@@ -147,10 +147,12 @@ def test_lognormal_service_time_at_the_server(simhosts: Any) -> None:
     times = served_times(hosts, "N", 400)
     median = times[len(times) // 2]
     # The base is the median; a quarter of the answers above 1.5 x it
-    # (P(Z > ln 1.5 / 0.6) = 0.25), about as many below it / 1.5.
+    # (P(Z > ln 1.5 / 0.6) = 0.25), about as many below it / 1.5. A served
+    # time is the draw plus the server's timer lateness, which only adds:
+    # on a loaded machine the lower tail thins most (0.135 seen in a CI run).
     assert 0.017 <= median <= 0.025
     assert 0.17 <= share(times, lambda t: t > 0.03) <= 0.35
-    assert 0.15 <= share(times, lambda t: t < 0.0133) <= 0.32
+    assert 0.08 <= share(times, lambda t: t < 0.0133) <= 0.32
 
 
 def test_bimodal_service_time_at_the_server(simhosts: Any) -> None:
