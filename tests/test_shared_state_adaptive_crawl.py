@@ -73,5 +73,10 @@ def test_processes_share_one_adaptive_limit(simhosts, redis_server, reactor):
     # the leader held its changes until they were published and handed its
     # limit and baseline over, 5 of 30 runs took a queue for a slowdown (a
     # 1.6 x baseline) or restarted slow start at a lead change: 7.0-8.4
-    # against 4.9-5.4, and in CI 9.99 against 5.13.
-    assert means[1] <= 1.25 * means[0] + 0.75
+    # against 4.9-5.4, and in CI 9.99 against 5.13. The reference is one
+    # process's mean, but never below the host's workers: a process that
+    # settled under them (2.85 once in CI, on a slow machine) used less than
+    # the host serves without a queue, and 3 processes holding it at its
+    # workers are not overloading it (that CI run's shared mean: 4.38).
+    reference = max(means[0], HOST["workers"])
+    assert means[1] <= 1.25 * reference + 0.75
