@@ -13,6 +13,7 @@ fallback's limit: each scope's limit divided by
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,10 @@ class SharedConnection:
         #: Round trips to Redis (also the ``throttling/shared_state/command_count``
         #: stat).
         self.commands = 0
+        #: Seconds spent in round trips to Redis (also the
+        #: ``throttling/shared_state/command_seconds`` stat): each blocks the
+        #: reactor thread, so this is time the crawl did nothing else.
+        self.command_seconds = 0.0
         #: Until when (this process's clock), after a reconnection, other
         #: processes may still be in their fallback, sending their share
         #: without leases: this one keeps to its share too until then.
@@ -99,6 +104,7 @@ class SharedConnection:
 
     def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
         self._count_command()
+        started = time.perf_counter()
         try:
             return script(keys=keys, args=args)
         except Exception as exc:
@@ -106,6 +112,13 @@ class SharedConnection:
                 raise
             self._lost(exc)
             raise RedisFailure from exc
+        finally:
+            self._time_command(time.perf_counter() - started)
+
+    def _time_command(self, seconds: float) -> None:
+        self.command_seconds += seconds
+        if self._stats is not None:
+            self._stats.inc_value("throttling/shared_state/command_seconds", seconds)
 
     def _lost(self, error: BaseException) -> None:
         self._forget_unsent()
@@ -132,6 +145,7 @@ class SharedConnection:
         if not self._reconnection.due():
             return False
         self._count_command()
+        started = time.perf_counter()
         try:
             self._client.ping()
         except Exception as exc:
@@ -139,6 +153,8 @@ class SharedConnection:
                 raise
             self._reconnection.failed()
             return False
+        finally:
+            self._time_command(time.perf_counter() - started)
         self.sharing = True
         try:
             leased = self._resume()

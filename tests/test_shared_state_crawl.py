@@ -202,6 +202,11 @@ def test_limit_holds_across_processes(simhosts, redis_server, reactor):
     )
     for outcome in outcomes:
         assert outcome["stats"]["throttling/shared_state/command_count"] > 0
+        # Every round trip is timed: more than nothing, less than the 1 s
+        # socket timeout each (Redis answered every one).
+        waited = outcome["stats"]["throttling/shared_state/command_seconds"]
+        commands = outcome["stats"]["throttling/shared_state/command_count"]
+        assert 0 < waited < commands * 1.0
         assert outcome["reactor"].endswith(
             "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
         )
