@@ -12,7 +12,10 @@ port (persistence off) and fresh simulated hosts per run:
     pages/s per host (the crawl's own figure, first send to last page), the
     ratio Redis / in-process of the same repeat, and Redis commands per
     request (``throttling/shared_state/command_count`` over the requests the
-    host received).
+    host received), the wall time of those round trips per request and
+    their share of the crawl's wall time
+    (``throttling/shared_state/command_seconds``; each blocks the reactor
+    thread); ``--trace`` adds host A's limit every 0.5 s.
 ``api``
     A rate-limited API (R requests in any sliding second, 429 +
     ``Retry-After: 1`` beyond) crawled by ``--processes`` processes with
@@ -91,7 +94,11 @@ class Redis:
 
 
 def overhead(
-    redis: Redis, repeats: int, pages: dict[str, int], fixed: int | None = None
+    redis: Redis,
+    repeats: int,
+    pages: dict[str, int],
+    fixed: int | None = None,
+    trace: bool = False,
 ) -> list[dict[str, Any]]:
     rows = []
     for repeat in range(repeats):
@@ -133,7 +140,22 @@ def overhead(
                 result["commands_per_request"] = (
                     commands / requests if commands else None
                 )
+                # The round trips block the reactor thread: their wall time
+                # per request, and their share of the crawl's wall time.
+                waited = crawl["stats"].get("throttling/shared_state/command_seconds")
+                wall = crawl["stats"].get("elapsed_time_seconds")
+                result["redis_ms_per_request"] = (
+                    1000 * waited / requests if waited else None
+                )
+                result["redis_share"] = waited / wall if waited and wall else None
                 row[name] = result
+                if trace:
+                    # Host A's limit every 0.5 s (samples every 0.1 s).
+                    limits = [
+                        sample.get("limit")
+                        for sample in crawl["hosts"]["A"]["state_samples"][::5]
+                    ]
+                    print(f"repeat {repeat}, {name}, A's limit: {limits}")
         row["ratio"] = {
             host: row["redis"][host] / row["in-process"][host] for host in pages
         }
@@ -385,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace",
         action="store_true",
-        help="api part: also print each process's learned pace over time",
+        help="api part: also print each process's learned pace over time; "
+        "overhead part: host A's limit every 0.5 s",
     )
     parser.add_argument("--quick", action="store_true", help="fewer pages")
     parser.add_argument(
@@ -400,15 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.part in ("overhead", "all"):
             pages = {"A": 600, "B": 100} if args.quick else {"A": 2000, "B": 300}
-            rows = overhead(redis, args.repeats, pages, args.fixed or None)
+            rows = overhead(redis, args.repeats, pages, args.fixed or None, args.trace)
             limit = f"fixed limit {args.fixed}" if args.fixed else "adaptive limit"
             print(f"## overhead: one process, two hosts {pages}, {limit}")
             print(
                 "| repeat | A in-process | A redis | ratio | B in-process | B redis | "
                 "ratio | 503s (in/redis) | Redis commands / request | "
-                "crawl CPU ms/page (in/redis) |"
+                "crawl CPU ms/page (in/redis) | Redis wait ms/request | "
+                "Redis wait / crawl wall time |"
             )
-            print("|---|---|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
             for row in rows:
                 inp, red, ratio = row["in-process"], row["redis"], row["ratio"]
                 print(
@@ -416,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{ratio['A']:.3f} | {inp['B']:.1f} | {red['B']:.1f} | "
                     f"{ratio['B']:.3f} | {inp['503']}/{red['503']} | "
                     f"{red['commands_per_request']:.2f} | "
-                    f"{inp['cpu_ms_per_page']:.2f}/{red['cpu_ms_per_page']:.2f} |"
+                    f"{inp['cpu_ms_per_page']:.2f}/{red['cpu_ms_per_page']:.2f} | "
+                    f"{red['redis_ms_per_request']:.3f} | {red['redis_share']:.2f} |"
                 )
             for host in pages:
                 median = statistics.median(row["ratio"][host] for row in rows)
