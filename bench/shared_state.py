@@ -15,7 +15,8 @@ port (persistence off) and fresh simulated hosts per run:
     host received), the wall time of those round trips per request and
     their share of the crawl's wall time
     (``throttling/shared_state/command_seconds``; each blocks the reactor
-    thread); ``--trace`` adds host A's limit every 0.5 s.
+    thread); ``--trace`` adds host A's limit every 0.5 s, its baseline
+    latency every second and its median and p90 latency.
 ``api``
     A rate-limited API (R requests in any sliding second, 429 +
     ``Retry-After: 1`` beyond) crawled by ``--processes`` processes with
@@ -156,6 +157,20 @@ def overhead(
                         for sample in crawl["hosts"]["A"]["state_samples"][::5]
                     ]
                     print(f"repeat {repeat}, {name}, A's limit: {limits}")
+                    # Its baseline latency every second (ms), and the
+                    # crawl's median and p90 download latency at A.
+                    bests = [
+                        None if best is None else round(1000 * best, 1)
+                        for best in (
+                            sample.get("best_latency")
+                            for sample in crawl["hosts"]["A"]["state_samples"][::10]
+                        )
+                    ]
+                    p50 = 1000 * crawl["hosts"]["A"]["latency_p50"]
+                    p90 = 1000 * crawl["hosts"]["A"]["latency_p90"]
+                    print(
+                        f"  baseline (ms): {bests}; p50 {p50:.1f} ms, p90 {p90:.1f} ms"
+                    )
         row["ratio"] = {
             host: row["redis"][host] / row["in-process"][host] for host in pages
         }
@@ -408,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         "--trace",
         action="store_true",
         help="api part: also print each process's learned pace over time; "
-        "overhead part: host A's limit every 0.5 s",
+        "overhead part: host A's limit, baseline and latency",
     )
     parser.add_argument("--quick", action="store_true", help="fewer pages")
     parser.add_argument(
