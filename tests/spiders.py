@@ -232,6 +232,9 @@ class FollowSpider(PagesSpider):
     nothing is queued at start but the seeds). Children go to the seed's host,
     or round-robin to ``child_hosts`` (base URLs) when given; ``child_query``
     is appended to every child URL (e.g. ``"delay=0.05"`` or ``"status=503"``).
+    With ``block_at`` (a count of responses), the callback of that response
+    blocks the event loop for ``block_seconds`` (``time.sleep``), as a spider
+    doing blocking work in a callback does.
 
     :meth:`expected_urls` is every URL the crawl must reach; a request that
     vanished is one of them with neither a response nor a failure
@@ -247,6 +250,9 @@ class FollowSpider(PagesSpider):
         fanout: int = 2,
         child_hosts: Sequence[str] | None = None,
         child_query: str = "",
+        *,
+        block_at: int = 0,
+        block_seconds: float = 0.0,
         **kwargs: Any,
     ) -> None:
         seeds = [self._page_url(url, depth, str(i)) for i, url in enumerate(urls)]
@@ -256,6 +262,8 @@ class FollowSpider(PagesSpider):
         self.fanout = fanout
         self.child_hosts = list(child_hosts or [])
         self.child_query = child_query
+        self.block_at = block_at
+        self.block_seconds = block_seconds
 
     @staticmethod
     def _page_url(base: str, depth_left: int, page_id: str, query: str = "") -> str:
@@ -314,6 +322,8 @@ class FollowSpider(PagesSpider):
 
     def parse(self, response: Response, **kwargs: Any) -> Any:  # type: ignore[override]
         self._record_response(response, http_error=False)
+        if self.block_at and len(self.responses) == self.block_at:
+            time.sleep(self.block_seconds)
         return self._follow(response.url)
 
     def on_error(self, failure: Failure) -> Any:
