@@ -6,10 +6,10 @@ Scrapy's ``download_latency`` of each includes the seconds the loop was
 blocked. Those latencies say nothing about the host; read as the host's,
 they could end slow start, count as a slowdown that lowering the limit does
 not fix, and become the baseline, after which the host's real queue reads as
-fast. Here a followed-links crawl (retries on, on both reactors) blocks for
-2 s during slow start and once more after it, and the host must see what it
-sees without a block: no 503, at most the requests it has places for, and a
-limit that settles near its workers.
+fast. Here a followed-links crawl (retries on, on both reactors) blocks
+once for 2 s, in one case during slow start and in the other once the limit
+has settled, and the host must still see no 503, no more requests than it
+has places for, and a limit that ends near its workers.
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ PAGES = 3 * 259
 async def test_a_blocked_event_loop_does_not_inflate_the_limit(
     simhosts: Any, reactor: str, block_at: int
 ) -> None:
-    """*block_at* 30: during slow start (about 20 requests in flight); 300:
-    once the limit has settled."""
+    """*block_at* 30: during slow start; 300: once the limit has settled."""
     hosts = simhosts(HOST)
     result = await crawl_follow(
         reactor,
@@ -69,7 +68,7 @@ async def test_a_blocked_event_loop_does_not_inflate_the_limit(
     # At the server: never more requests in service than the host's 8
     # workers plus the 16-deep queue a default host has, with slow start's
     # known overshoot of one or two (see LARGE in tests/test_latency_crawl.py);
-    # 13-21 measured with the block, as without it.
+    # 13-21 measured, on both reactors.
     assert max_in_service([stats]) <= 26
     # The limit the crawl ends with is near the host's 8 workers (11-14
     # measured), not one learned from latencies of seconds.
