@@ -103,6 +103,7 @@ def main() -> None:
     if isinstance(spider, FollowSpider):
         result["expected"] = sorted(spider.expected_urls())
         result["lost"] = sorted(spider.lost_urls())
+        result["sent"] = spider.sent
     print(json.dumps(result))
 
 

@@ -4,7 +4,8 @@
 asyncio reactor), ``epoll`` in a fresh process (``tests.crawl_process``), so
 that every engine-facing test can run on both of Scrapy's usual reactors.
 Both return the same dict: ``responses``, ``failures``, ``expected``,
-``lost``, ``finish_reason``, ``live_scopes`` (scopes the plugin's manager
+``lost``, ``sent`` (``[time, path]`` at ``request_reached_downloader``),
+``finish_reason``, ``live_scopes`` (scopes the plugin's manager
 still holds at close) and ``stats`` (numbers and strings only); the EPoll
 crawl also returns its ``log`` (the process's stderr).
 """
@@ -48,6 +49,7 @@ async def crawl_follow(
         "failures": spider.failures,
         "expected": sorted(spider.expected_urls()),
         "lost": sorted(spider.lost_urls()),
+        "sent": spider.sent,
         "finish_reason": crawler.stats.get_value("finish_reason"),
         "live_scopes": len(
             getattr(getattr(crawler, "throttler", None), "_scope_managers", ())

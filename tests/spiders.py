@@ -236,7 +236,9 @@ class FollowSpider(PagesSpider):
     blocks the event loop for ``block_seconds`` (``time.sleep``), as a spider
     doing blocking work in a callback does.
 
-    :meth:`expected_urls` is every URL the crawl must reach; a request that
+    ``sent`` holds every request to a host (not only the seeds) at
+    ``request_reached_downloader``. :meth:`expected_urls` is every URL the
+    crawl must reach; a request that
     vanished is one of them with neither a response nor a failure
     (:meth:`lost_urls`).
     """
@@ -300,6 +302,12 @@ class FollowSpider(PagesSpider):
             url.split("/follow/", 1)[1].split("?", maxsplit=1)[0].split("/")
         )
         return _base(url), int(depth_left), page_id
+
+    def _record_send(self, request: Request) -> None:
+        # Every request to a host (seeds, followed links, retries and
+        # redirects): this spider's pages carry no ``pages_index``.
+        if request.url.startswith("http"):
+            self.sent.append([time.monotonic(), urlparse_cached(request).path])
 
     def lost_urls(self) -> set[str]:
         """Expected URLs that got neither a response nor a failure."""
