@@ -186,6 +186,11 @@ class ThrottlingManager:
         (see ``ManagerGate.refund_cached``); :meth:`release` frees its slots."""
         self.queue_gate.refund_cached(request)
 
+    def reached_downloader(self, request: Request) -> None:
+        """*request* reached Scrapy's downloader: its scopes count their
+        delay from now (see ``ManagerGate.reached_downloader``)."""
+        self.queue_gate.reached_downloader(request)
+
     def check_scopes(
         self, scope_values: ScopeValues, now: float, head: Request | None = None
     ) -> tuple[float, ScopeID | None]:

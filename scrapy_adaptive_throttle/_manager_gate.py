@@ -131,6 +131,14 @@ class ManagerGate:
             return
         self._gate.refund(request, dict(self.sent_scope_values(request)))
 
+    def reached_downloader(self, request: Request) -> None:
+        """*request* reached Scrapy's downloader, after the downloader
+        middlewares: the delay of its scopes counts from now, as Scrapy's
+        ``DOWNLOAD_DELAY`` does, so that the time it spent between the
+        queue and the downloader (a busy event loop, a slow middleware)
+        never brings two sends of a scope closer than its delay."""
+        self._gate.restamp(request)
+
     # -- listeners and slots ------------------------------------------------------
 
     def has_free_slot(self, scope_id: ScopeID) -> bool:

@@ -126,6 +126,11 @@ class Scope:
             self.quota.reconcile(now, consumed=-amount)
         return self.gate.refund(sent_at, paced=self.learned is not None)
 
+    def restamp_send(self, sent_at: float, now: float) -> bool:
+        """Count the delay of the send at *sent_at* from *now*, when its
+        request reached the downloader (see ``DelayGate.restamp``)."""
+        return self.gate.restamp(sent_at, now)
+
     def next_spacing(self) -> float:
         """The spacing of the next send, drawn now and kept for it."""
         backoff = self.backoff

@@ -64,8 +64,9 @@ class ScopeAdapter:
         self.manager = manager
         from ._scope_manager import ThrottlingScopeManager
 
-        #: Whether a send answered from the HTTP cache can be given back
-        #: (``refund_send``, which only the built-in scope managers have).
+        #: Whether a send's time gates can be given back (``refund_send``,
+        #: a request answered from the HTTP cache) or counted from a later
+        #: time (``restamp_send``): only the built-in scope managers can.
         self.refunds = isinstance(manager, ThrottlingScopeManager)
 
     def _optional(self, name: str) -> Callable[..., Any] | None:
@@ -152,6 +153,12 @@ class ScopeAdapter:
         if not self.refunds:
             return False
         return bool(self.manager.refund_send(sent_at, now, amount))  # type: ignore[attr-defined]
+
+    def restamp_send(self, sent_at: float, now: float) -> None:
+        """Count the delay of the send at *sent_at* from *now*, when its
+        request reached the downloader (built-in scope managers only)."""
+        if self.refunds:
+            self.manager.restamp_send(sent_at, now)  # type: ignore[attr-defined]
 
     # -- outcomes ---------------------------------------------------------------
 

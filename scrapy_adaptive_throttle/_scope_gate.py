@@ -233,6 +233,26 @@ class ScopeGate:
             for scope_id in opened:
                 listener(scope_id)
 
+    def restamp(self, request: Request) -> None:
+        """*request* reached the downloader now: its scopes count their
+        delay from now, not from when the queue handed it out."""
+        sent_at = self.reserved_at.get(request)
+        reservation = self.reserved.get(request)
+        if not reservation or sent_at is None:
+            return
+        now = self.clock()
+        if now <= sent_at:
+            return
+        for scope_id, adapter in reservation:
+            try:
+                adapter.restamp_send(sent_at, now)
+            except Exception as exc:
+                self.report_failure(
+                    request,
+                    ScopeManagerError(scope_id, adapter.manager, "restamp_send", exc),
+                    "its scope's delay counts from when it was handed out",
+                )
+
     def notify_slots_changed(self, scope_id: ScopeID) -> None:
         """Tell waiters that *scope_id* may have room (e.g. a raised limit)."""
         for listener in self.release_listeners:

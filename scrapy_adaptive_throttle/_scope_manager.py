@@ -158,6 +158,18 @@ class ThrottlingScopeManager:
         now = self._now() if now is None else now
         return self.scope.refund_send(sent_at, now, amount)
 
+    def restamp_send(self, sent_at: float, now: float | None = None) -> bool:
+        """Count the delay of the send at *sent_at* from *now* instead: its
+        request reached Scrapy's downloader only then, held between the
+        scheduler and the downloader by the event loop or by a downloader
+        middleware. Scrapy's own ``DOWNLOAD_DELAY`` counts from the moment a
+        request leaves the downloader, after every middleware, so two
+        requests never reach the downloader closer than the delay. Nothing
+        changes if the gate moved since (a later send, a backoff, a
+        recovery). Returns whether the next send comes later for it."""
+        now = self._now() if now is None else now
+        return self.scope.restamp_send(sent_at, now)
+
     def next_spacing(self) -> float:
         """The seconds the next send will keep the scope closed, jitter
         included, drawn now and used by the next :meth:`record_sent`, so

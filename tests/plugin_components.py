@@ -112,3 +112,24 @@ class FifoScheduler:
 
     def __len__(self) -> int:
         return len(self.queue)
+
+
+class SlowEveryOtherMiddleware:
+    """A downloader middleware that takes ``HOLD`` seconds over every other
+    request it sees (as one that fetches a proxy or a token for it does),
+    placed after the plugin's own middleware (priority above 950)."""
+
+    #: Seconds every other request is held.
+    HOLD = 0.1
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def process_request(self, request: Request) -> None:
+        from scrapy.utils.defer import maybe_deferred_to_future
+        from twisted.internet import reactor
+        from twisted.internet.task import deferLater
+
+        self.seen += 1
+        if self.seen % 2:
+            await maybe_deferred_to_future(deferLater(reactor, self.HOLD, lambda: None))

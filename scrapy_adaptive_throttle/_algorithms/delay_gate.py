@@ -32,6 +32,7 @@ class DelayGate:
         "_allowed_before_send",
         "_drawn",
         "_last_sent_at",
+        "_last_spacing",
         "_uniform",
         "floor",
         "jitter",
@@ -55,6 +56,7 @@ class DelayGate:
         # The last send, and the next-send time before and after it: what a
         # request served from a cache gives back (refund).
         self._last_sent_at: float | None = None
+        self._last_spacing = 0.0
         self._allowed_before_send = 0.0
         self._allowed_after_send = 0.0
 
@@ -90,6 +92,7 @@ class DelayGate:
             spacing = self.spacing(delay, backed_off=backed_off)
         else:
             self._drawn = None
+        self._last_spacing = spacing
         self.next_send_at = now + spacing
         if paced_until is not None:
             self.next_send_at = max(self.next_send_at, paced_until)
@@ -110,6 +113,24 @@ class DelayGate:
         if before >= self.next_send_at:
             return False
         self.next_send_at = before
+        return True
+
+    def restamp(self, sent_at: float, now: float) -> bool:
+        """Count the spacing of the send at *sent_at* from *now*, when its
+        request reached the downloader, if nothing moved the gate since (a
+        later send, a backoff, a recovery); return whether the gate now
+        opens later. A pace's schedule (*paced_until* of the send) is kept
+        as it was: the spacing only adds where it ends later."""
+        if (
+            self._last_sent_at != sent_at
+            or now <= sent_at
+            or self.next_send_at != self._allowed_after_send
+        ):
+            return False
+        until = now + self._last_spacing
+        if until <= self.next_send_at:
+            return False
+        self.next_send_at = self._allowed_after_send = until
         return True
 
     def push_back(self, until: float) -> None:

@@ -1,4 +1,4 @@
-"""The delay gate: spacing from each send, jitter, floor, refunds."""
+"""The delay gate: spacing from each send, jitter, floor, refunds, restamps."""
 
 from __future__ import annotations
 
@@ -75,3 +75,42 @@ def test_a_moved_gate_is_not_refunded(moved: str) -> None:
         gate.push_back(20.0)
     assert not gate.refund(10.0, paced=moved == "paced")
     assert gate.next_send_at == (20.0 if moved == "push_back" else 11.0)
+
+
+def test_a_restamped_send_spaces_the_next_from_its_arrival() -> None:
+    draws = iter([0.5])
+    gate = DelayGate((-0.5, 0.5), uniform=lambda a, b: next(draws))
+    gate.record_send(10.0, 2.0, backed_off=False, paced_until=None)
+    assert gate.next_send_at == 13.0
+    # Reached the downloader 0.4 s later: the same drawn spacing, from then.
+    assert gate.restamp(10.0, 10.4)
+    assert gate.next_send_at == 13.4
+    assert not gate.restamp(10.0, 10.4)  # nothing more to move
+
+
+def test_only_the_last_untouched_send_is_restamped() -> None:
+    gate = DelayGate((0.0, 0.0))
+    gate.record_send(10.0, 1.0, backed_off=False, paced_until=None)
+    gate.record_send(11.0, 1.0, backed_off=False, paced_until=None)
+    assert not gate.restamp(10.0, 11.5)  # a later send started its own spacing
+    assert gate.next_send_at == 12.0
+    gate.push_back(20.0)  # a backoff hold: it decides, not the arrival
+    assert not gate.restamp(11.0, 11.5)
+    assert gate.next_send_at == 20.0
+
+
+def test_a_restamp_keeps_a_pace_that_ends_later() -> None:
+    gate = DelayGate((0.0, 0.0))
+    gate.record_send(10.0, 1.0, backed_off=False, paced_until=15.0)
+    assert not gate.restamp(10.0, 10.5)  # 11.5 is inside the pace
+    assert gate.next_send_at == 15.0
+    assert gate.restamp(10.0, 14.5)
+    assert gate.next_send_at == 15.5
+
+
+def test_a_restamped_send_is_still_refunded() -> None:
+    gate = DelayGate((0.0, 0.0))
+    gate.record_send(10.0, 1.0, backed_off=False, paced_until=None)
+    assert gate.restamp(10.0, 10.3)
+    assert gate.refund(10.0, paced=False)
+    assert gate.next_send_at == 0.0
