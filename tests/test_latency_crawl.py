@@ -77,7 +77,13 @@ async def test_two_hosts_settle_at_different_limits(
 ) -> None:
     hosts = simhosts(LARGE, SMALL)
     large = [hosts.url("A", f"/page/{index}") for index in range(600)]
-    small = [hosts.url("B", f"/page/{index}") for index in range(60)]
+    # 120 pages of the small host (6 s at its capacity): its limit is read
+    # over the second half of its crawl, and slow start's overshoot of its 2
+    # workers comes down one request per slow round (issue 9's open gap,
+    # pinned in tests/algorithms/test_latency_slow_start.py). With 60 pages,
+    # on a loaded CI runner, that descent took most of the crawl and the
+    # "settled" median read 10, the overshoot itself.
+    small = [hosts.url("B", f"/page/{index}") for index in range(120)]
     crawler = await run_crawl(
         SamplingSpider,
         {
@@ -92,7 +98,7 @@ async def test_two_hosts_settle_at_different_limits(
     spider = crawler.spider
     assert isinstance(spider, SamplingSpider)
     assert spider.unanswered() == []
-    assert Counter(spider.statuses) == {200: 660}
+    assert Counter(spider.statuses) == {200: len(large) + len(small)}
     for name in ("A", "B"):
         assert hosts.stats(name)["status_counts"] == {
             "200": len(large if name == "A" else small)
@@ -108,8 +114,9 @@ async def test_two_hosts_settle_at_different_limits(
     # settles near its own, a little above it to cover Scrapy's turnaround.
     # The small host's bound is loose: after slow start overshoots it, a
     # noise estimate polluted by slow start's loaded answers can make its
-    # rounds long, and its limit come down slowly (median 6-9 in about one
-    # run in ten on a loaded machine; see the closing note of issue 9).
+    # rounds long, and its limit come down slowly (over the second half of
+    # 60 pages, median 6-9 in about one run in ten on a loaded machine and
+    # 10 once in CI; over 120 pages, 2-5 in 12 runs with both cores busy).
     assert 5 <= large_median <= 20
     assert 1 <= small_median <= 10
     assert large_median >= small_median + 2
