@@ -121,7 +121,13 @@ async def test_rate_limit_is_found_and_retry_after_honoured(simhosts):
 @deferred_f_from_coro_f
 async def test_idle_scope_takes_no_step(simhosts, manager):
     """A scope that sends one request per window never holds anything back:
-    it tested nothing, so rampup leaves it alone."""
+    it tested nothing, so rampup leaves it alone.
+
+    The requests are 0.5 s apart, five times the scope's delay: its delay
+    counts from a request's arrival at the downloader, so an event loop
+    stalled for the gap minus the delay would let it hold the next request
+    (a window that did test the delay). At 0.3 s apart, a step was taken
+    once in a run of .ci/run on a machine busy with other work."""
     hosts = simhosts({"name": "A", "kind": "unlimited"})
     netloc = hosts.netloc("A")
     urls = [hosts.url("A", f"/{i}") for i in range(4)]
@@ -133,7 +139,7 @@ async def test_idle_scope_takes_no_step(simhosts, manager):
             THROTTLING_SCOPES={netloc: {"rampup": True, "delay": 0.1}},
         ),
         urls=urls,
-        metas=[{"throttling_delay": 0.3 * (i + 1)} for i in range(4)],
+        metas=[{"throttling_delay": 0.5 * (i + 1)} for i in range(4)],
     )
     assert crawler.spider.unanswered() == []
     state = crawler.throttler.get_scope_state(netloc)
