@@ -79,6 +79,13 @@ class SimulatedHost:
     (a noisy host: see :func:`lognormal`, :func:`bimodal`,
     :func:`heavy_tailed`); without it, the service time is spread uniformly
     by ``noise`` around the base.
+
+    ``lateness`` (seconds, 0: none) is the mean of an exponential delay
+    before the crawler sees each answer: its event loop was busy, so the
+    latency it measures (and the moment it frees the slot) comes later than
+    the host's answer, as Scrapy's ``download_latency`` does on a loaded
+    machine. ``host_latencies`` records ``(answered at, latency at the
+    host)`` of every normal answer, what the host itself would measure.
     """
 
     workers: int
@@ -88,6 +95,9 @@ class SimulatedHost:
     service_at: Callable[[float], float] | None = None
     draw: Callable[[random.Random, float], float] | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(1))
+    lateness: float = 0.0
+    lateness_rng: random.Random = field(default_factory=lambda: random.Random(7))
+    host_latencies: list[tuple[float, float]] = field(default_factory=list)
     _free_at: list[float] = field(default_factory=list)
     _waiting_starts: list[float] = field(default_factory=list)
 
@@ -120,7 +130,16 @@ class SimulatedHost:
         heapq.heappush(self._free_at, start + service)
         if start > now:
             self._waiting_starts.append(start)
-        return start + service, False
+        answered = start + service
+        self.host_latencies.append((answered, answered - now))
+        if self.lateness > 0:
+            answered += self.lateness_rng.expovariate(1 / self.lateness)
+        return answered, False
+
+    def median_host_latency(self, start: float) -> float:
+        """The median latency at the host of the answers from *start* on."""
+        latencies = sorted(lat for at, lat in self.host_latencies if at >= start)
+        return latencies[len(latencies) // 2]
 
 
 class Client(Protocol):

@@ -377,3 +377,15 @@ def test_a_small_host_queueing_after_slow_start_is_seen_within_two_rounds() -> N
         limit.on_sent(now, 6)
         limit.on_response(now, 0.3, 6)
     assert limit.decrease_count > decreases
+
+
+def test_a_late_crawler_measures_its_lateness_on_top_of_the_host() -> None:
+    """The host model's ``lateness``: the crawler sees each answer an
+    exponential delay (mean 3 ms, median 2.1 ms) after the host gave it, and
+    the host's own latencies are recorded apart."""
+    host = SimulatedHost(workers=8, service=MEDIAN, lateness=0.003)
+    result = crawl(LatencyLimit(maximum=8, window=30.0), host, 2.0)
+    seen = statistics.median(latency for _, latency in result.answers)
+    at_host = host.median_host_latency(0.0)
+    assert MEDIAN * 0.9 <= at_host <= MEDIAN * 1.1
+    assert 0.001 <= seen - at_host <= 0.004
