@@ -24,7 +24,9 @@ in bench/RESULTS.md).
 8-worker host (no 503 queue limit) at turnarounds of 2, 8 and 15 ms: the
 rate as a share of capacity and the median latency as a multiple of the
 unloaded median, from 2 s on, so that the figures of issue 9 can be checked
-for reachability at a given turnaround.
+for reachability at a given turnaround; ``--fixed --lateness`` at a
+turnaround of 2 ms and a lateness of 0, 1 and 3 ms, with the median at the
+host.
 """
 
 from __future__ import annotations
@@ -143,11 +145,18 @@ class FixedLimit:
         pass
 
 
-def fixed_limits() -> None:
+def fixed_limits(*, late: bool = False) -> None:
+    # (turnaround, mean lateness) of each row; with lateness, the median is
+    # the host's.
+    crawlers = (
+        ((0.002, 0.0), (0.002, 0.001), (0.002, 0.003))
+        if late
+        else ((0.002, 0.0), (0.008, 0.0), (0.015, 0.0))
+    )
     for name in ("lognormal-0.3", "lognormal-1.0", "bimodal"):
         draw = KINDS[name]
         unloaded = unloaded_median(draw, 0.02)
-        for turnaround in (0.002, 0.008, 0.015):
+        for turnaround, lateness in crawlers:
             cells = []
             for limit in (8, 9, 10, 11, 12, 14, 16, 20):
                 host = SimulatedHost(
@@ -156,18 +165,27 @@ def fixed_limits() -> None:
                     draw=draw,
                     rng=random.Random(1),
                     queue=10**6,
+                    lateness=lateness,
                 )
                 result = simulate(FixedLimit(limit), host, 12.0, turnaround=turnaround)
                 rate = result.rate(2.0, 12.0) / host.capacity
-                median = result.median_latency(2.0) / unloaded
+                median = (
+                    host.median_host_latency(2.0)
+                    if late
+                    else result.median_latency(2.0)
+                ) / unloaded
                 cells.append(f"{limit}: {rate:.2f}/{median:.2f}x")
             print(
-                f"{name:14} turnaround {turnaround * 1000:2.0f} ms  " + "  ".join(cells)
+                f"{name:14} turnaround {turnaround * 1000:2.0f} ms"
+                + (f" lateness {lateness * 1000:.0f} ms" if late else "")
+                + "  "
+                + "  ".join(cells)
             )
 
 
 if __name__ == "__main__":
+    late = "--lateness" in sys.argv[1:]
     if "--fixed" in sys.argv[1:]:
-        fixed_limits()
+        fixed_limits(late=late)
     else:
-        main(late="--lateness" in sys.argv[1:])
+        main(late=late)
