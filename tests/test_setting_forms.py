@@ -64,10 +64,17 @@ async def test_a_low_high_jitter_spaces_requests_within_its_range(
     assert result["finish_reason"] == "finished"
     assert result["lost"] == []
     assert len(result["responses"]) == 1 + 4 + 16
+    low, high = value
+    # The rule holds where the delay is counted, at the downloader, exactly.
+    sent = sorted(time for time, _ in result["sent"])
+    assert len(sent) == 21
+    assert min(b - a for a, b in itertools.pairwise(sent)) >= DELAY * (1 + low) - 1e-3
     spacing = gaps(hosts.stats("A"))
     assert len(spacing) == 20
-    low, high = value
-    assert min(spacing) >= DELAY * (1 + low) - EARLY
+    # At the server, past the first request: its transit includes opening the
+    # crawl's first connection (a local CI run on a loaded machine, Scrapy
+    # 2.18, read the first gap as 0.031 s and the next five as 0.22-0.28 s).
+    assert min(spacing[1:]) >= DELAY * (1 + low) - EARLY
     assert max(spacing) <= DELAY * (1 + high) + LATE
     # The delay really is randomised, not fixed at one end of the range.
     assert max(spacing) - min(spacing) > 0.01
