@@ -109,11 +109,16 @@ async def test_delay_spaces_arrivals_by_delay_times_one_minus_jitter(simhosts):
         urls=urls,
     )
     assert crawler.spider.unanswered() == []
+    # Where the delay is counted, at the downloader: every send, exactly.
+    sent = sorted(t for t, _ in crawler.spider.sent)
+    assert len(sent) == 12
+    assert min(gaps(sent)) >= 0.1 - 1e-3
     spacing = gaps(arrivals(hosts.stats("A")))
     assert len(spacing) == 11
     # delay x (1 - jitter) = 0.1 s, minus the slack of arrivals seen at the
-    # server (one late arrival makes the next gap look shorter by as much).
-    assert min(spacing) >= 0.1 - 0.02
+    # server (one late arrival makes the next gap look shorter by as much),
+    # past the first request, whose transit opens the crawl's connection.
+    assert min(spacing[1:]) >= 0.1 - 0.02
     # Jitter really varies the spacing.
     assert max(spacing) - min(spacing) > 0.02
 
@@ -128,14 +133,21 @@ async def test_download_delay_setting_is_the_default_scope_delay(simhosts):
         urls=urls,
     )
     assert crawler.spider.unanswered() == []
+    # Where the delay is counted, at the downloader: every send, exactly.
+    sent = sorted(t for t, _ in crawler.spider.sent)
+    assert len(sent) == 6
+    assert min(gaps(sent)) >= 0.3 - 1e-3
     spacing = gaps(arrivals(hosts.stats("A")))
     # Seen at the server, one gap may look a little short (the time from
     # send to arrival varies on a loaded machine). Their sum is the time from
-    # the first arrival to the last, short of the sends' spacing by at most
-    # the first request's extra transit time: the same 0.02 s, not 0.02 s a
-    # gap (a load of 6 on 2 cores gave a mean of 0.2977 s, a sum 0.011 s short).
-    assert min(spacing) >= 0.3 - 0.02
-    assert sum(spacing) >= 0.3 * len(spacing) - 0.02
+    # the second arrival to the last, short of the sends' spacing by at most
+    # one request's extra transit time: the same 0.02 s, not 0.02 s a gap (a
+    # load of 6 on 2 cores gave a mean of 0.2977 s, a sum 0.011 s short). The
+    # first request's transit opens the crawl's connection and may take far
+    # longer (another crawl on a loaded machine read a first gap of 0.031 s
+    # for a delay of 0.2 s): its gap is left to the check at the downloader.
+    assert min(spacing[1:]) >= 0.3 - 0.02
+    assert sum(spacing[1:]) >= 0.3 * (len(spacing) - 1) - 0.02
     # A request that becomes sendable is sent soon after, not at the
     # engine's 5-second heartbeat (0.1 s late on a quiet machine; the bound
     # leaves room for a loaded one).
