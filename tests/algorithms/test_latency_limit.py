@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
+from scrapy_adaptive_throttle._algorithms.latency_speed import SpeedChange
 from tests.latency_host_model import SimulatedHost, crawl, mean
 
 # -- unit rules ---------------------------------------------------------------
@@ -380,6 +381,44 @@ def test_flat_rounds_are_a_slowdown_only_while_the_load_follows_the_limit(
             limit.on_response(now + index / 1000, 0.08, in_flight=in_flight)
     assert limit.rebaseline_count == rebaselined
     assert limit.decrease_count >= 4
+
+
+def test_a_slowdown_reaching_one_request_in_flight_becomes_the_baseline() -> None:
+    # A host four times slower, on a small limit: by the time lowering it
+    # has shown nothing, it is at its floor of 1 (the second round's median
+    # came out faster by chance, so the first two do not count as flat).
+    # Rounds at one request in flight can go no lower: they count, as flat.
+    # Without that, every later round read "load not lower: no evidence",
+    # and the limit stayed at 1 with the old baseline until its samples
+    # expired, two windows later.
+    limit = LatencyLimit(
+        probe=False, slow_start=False, initial=3.0, maximum=16, window=30.0
+    )
+    for index in range(40):
+        limit.on_response(index * 0.021, 0.02, in_flight=1)
+    limit.limit = 3.0
+    slow_rounds(limit, 1.0, [0.08, 0.06, 0.08])
+    assert (limit.current(), limit.rebaseline_count) == (1, 0)
+    slow_rounds(limit, 2.0, [0.07])
+    assert limit.rebaseline_count == 1
+    assert limit.best == 0.07
+    # Slow start finds the limit the slower host allows.
+    slow_rounds(limit, 3.0, [0.085, 0.075, 0.08])
+    assert limit.current() == 8
+
+
+def test_rounds_at_an_unchanged_load_count_only_at_one_request() -> None:
+    # Above one request in flight, rounds at the same load still say
+    # nothing (a shared limit's processes lagging behind it), however many.
+    speed = SpeedChange()
+    for _ in range(6):
+        assert speed.after_slow_round([0.08] * 4, mostly_slow=True, load=2.0) is None
+    # At one request, the third mostly slow round in a row is a slowdown,
+    # whatever its noise.
+    speed = SpeedChange()
+    assert speed.after_slow_round([0.08] * 4, mostly_slow=True, load=1.0) is None
+    assert speed.after_slow_round([0.05] * 4, mostly_slow=True, load=1.0) is None
+    assert speed.after_slow_round([0.09] * 4, mostly_slow=True, load=1.0) == 0.09
 
 
 def test_a_queue_of_our_own_is_not_a_slowdown() -> None:
