@@ -18,7 +18,9 @@ Scenarios (``--scenario``, default ``all``): ``two-hosts`` (A = 8 workers x
 20 ms and B = 2 x 50 ms, queue 16, 503 + Retry-After: 1 when full; 2000 + 300
 pages), ``slowdown`` (A at 80 ms during host-seconds 3-6; throughput during
 the slowdown over the capacity probed at 80 ms, and the time after t=6 until a
-0.25 s bucket is back to 0.9 of full capacity), ``unthrottled`` (a fast
+0.25 s bucket is back to 0.9 of full capacity), ``slowdown-small`` (a 2-worker
+noisy host four times slower from host-second 5 on, for good; throughput
+during [10, 30) over the capacity probed at 400 ms), ``unthrottled`` (a fast
 unlimited host, plain Scrapy vs the plugin at CONCURRENT_REQUESTS=16 and
 CONCURRENT_REQUESTS_PER_DOMAIN=16), ``ratelimit`` (429 + Retry-After past 50
 requests/s; 429s per 2 s window; ``bench/ratelimit.py`` runs longer crawls of
@@ -245,6 +247,19 @@ HOST_B = {
     "queue_size": 16,
 }
 
+#: A small noisy host that gets four times slower for good (``slowdown-small``):
+#: the adaptive limit reaches its floor of 1 before it takes the slower host
+#: as its baseline.
+SLOW_SMALL = {
+    "name": "S",
+    "kind": "queue",
+    "workers": 2,
+    "service_time": 0.1,
+    "queue_size": 16,
+    "service_dist": {"kind": "lognormal", "sigma": 0.6},
+    "schedule": [[5.0, 100000.0, 0.4]],
+}
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -384,6 +399,32 @@ SCENARIOS: dict[str, Scenario] = {
             probe_variants={"A@80ms": {**HOST_A, "service_time": 0.08}},
             slowdown=(3.0, 6.0),
             slowdown_capacity="A@80ms",
+        ),
+        Scenario(
+            name="slowdown-small",
+            description=(
+                "S (2 workers, lognormal 0.6 around 100 ms) slows to 400 ms from"
+                " host-second 5 on, for good"
+            ),
+            hosts=[SLOW_SMALL],
+            # More than any configuration fetches in 30 s: the run is the time.
+            pages={"S": 2000},
+            quick_pages={"S": 2000},
+            configs=["probe", "fixed-2", "autothrottle", "addon-32"],
+            quick_configs=["probe", "fixed-2", "addon-32"],
+            max_seconds=30.0,
+            quick_max_seconds=30.0,
+            probe_variants={
+                "S@400ms": {**SLOW_SMALL, "service_time": 0.4, "schedule": []}
+            },
+            # From 5 s past the change to the end: what the limit holds once it
+            # has had time to see the slower host.
+            slowdown=(10.0, 30.0),
+            slowdown_capacity="S@400ms",
+            note=(
+                "The slowdown does not end: 'back to 0.9 of full capacity' is"
+                " never expected here; the figure is the rate during [10, 30)."
+            ),
         ),
         Scenario(
             name="unthrottled",
