@@ -1,6 +1,6 @@
 """The latency limit on the host model, over many cases: a sweep, not a test.
 
-``python -m tests.algorithms.host_model_sweep [--fixed]``
+``python -m tests.algorithms.host_model_sweep [--lateness] [--fixed | --slowdown]``
 
 Six kinds of service time x two hosts (8 workers x 20 ms, 2 workers x
 100 ms) x four seeds x two crawler turnarounds (2 and 8 ms) x a cold start
@@ -19,6 +19,14 @@ the benchmarks' ``srv p50`` does. Without lateness the model holds the
 8-worker bimodal host's median at 1.44x its unloaded one (mean of its 16
 cases); with it at 2.35x, past the tolerance as real crawls are (1.84-2.83x
 in bench/RESULTS.md).
+
+``--slowdown`` runs 2, 4 and 8 workers (100, 50 and 20 ms) at sigma 0.3,
+0.6 and 1.0, eight seeds each, for 30 s: once with the host four times
+slower from 5 s on, printing per host how many crawls took the slowdown
+as the baseline, how long after the change, and the rate from 15 to 30 s
+over the slower capacity; once with a host that never changes, printing
+every crawl that took a slowdown all the same (a false alarm), with its
+baseline and median latency from 15 to 30 s over the unloaded median.
 
 ``--fixed`` prints instead what a fixed limit of 8 to 20 reaches on the
 8-worker host (no 503 queue limit) at turnarounds of 2, 8 and 15 ms: the
@@ -123,6 +131,82 @@ def main(*, late: bool = False) -> None:
         print("miss:", line)
 
 
+class _NotesSlowdowns(LatencyLimit):
+    """A limit that notes when it first takes a slowdown as the baseline."""
+
+    __slots__ = ("slower_at",)
+
+    def __init__(self, **kwargs: float) -> None:
+        super().__init__(**kwargs)
+        self.slower_at: float | None = None
+
+    def _rebaseline(
+        self,
+        now: float,
+        baseline: float,
+        latencies: list[float],
+        *,
+        slower: bool = False,
+    ) -> None:
+        if slower and self.slower_at is None:
+            self.slower_at = now
+        super()._rebaseline(now, baseline, latencies, slower=slower)
+
+
+def slowdowns() -> None:
+    false_alarms: list[str] = []
+    steady_runs = 0
+    for workers, service in ((2, 0.1), (4, 0.05), (8, 0.02)):
+        for sigma in (0.3, 0.6, 1.0):
+            draw = lognormal(sigma)
+            unloaded = unloaded_median(draw, service)
+            delays: list[float] = []
+            rates: list[float] = []
+            for seed in range(1, 9):
+                for change in (True, False):
+                    host = SimulatedHost(
+                        workers=workers,
+                        service=service,
+                        draw=draw,
+                        rng=random.Random(seed),
+                        service_at=(
+                            (lambda now, s=service: s if now < 5.0 else 4 * s)
+                            if change
+                            else (lambda _now, s=service: s)
+                        ),
+                    )
+                    limit = _NotesSlowdowns(maximum=32, window=30.0)
+                    result = crawl(limit, host, 30.0, 0.002)
+                    slower_at = limit.slower_at
+                    if change:
+                        if slower_at is not None and slower_at >= 5.0:
+                            delays.append(slower_at - 5.0)
+                        rates.append(result.rate(15.0, 30.0) / (host.capacity / 4))
+                        continue
+                    steady_runs += 1
+                    if slower_at is not None:
+                        assert limit.best is not None
+                        false_alarms.append(
+                            f"{workers}x{service} sigma {sigma} seed {seed} at"
+                            f" {slower_at:.2f} s: baseline"
+                            f" {limit.best / unloaded:.2f}x, median from 15 s"
+                            f" {result.median_latency(15.0) / unloaded:.2f}x"
+                        )
+            taken = (
+                f"median {statistics.median(delays):.1f} s, max {max(delays):.1f} s"
+                if delays
+                else "never"
+            )
+            print(
+                f"{workers}x{service} sigma {sigma}: slowdown taken in"
+                f" {len(delays)} of 8 ({taken} after it); rate from 15 s mean"
+                f" {statistics.mean(rates):.2f} min {min(rates):.2f}"
+            )
+    print(f"false alarms: {len(false_alarms)} of {steady_runs} steady hosts")
+    for line in false_alarms:
+        print("false alarm:", line)
+
+
 class FixedLimit:
     """A client that keeps *limit* requests in flight."""
 
@@ -185,7 +269,9 @@ def fixed_limits(*, late: bool = False) -> None:
 
 if __name__ == "__main__":
     late = "--lateness" in sys.argv[1:]
-    if "--fixed" in sys.argv[1:]:
+    if "--slowdown" in sys.argv[1:]:
+        slowdowns()
+    elif "--fixed" in sys.argv[1:]:
         fixed_limits(late=late)
     else:
         main(late=late)
