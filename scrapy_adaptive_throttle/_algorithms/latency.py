@@ -28,9 +28,10 @@ robust to hosts whose service time is noisy (issue 9):
   request, doubling the limit every round (``latency_slow_start.py``).
 * **Growth slows down near the tolerance, and near the level whose round
   was last slow** (``latency_growth.py``).
-* **A host that changed speed** becomes the baseline at once: a slowdown
-  the limit cannot fix (three mostly slow rounds that lowering the limit did
-  not make faster), or a host that sped up (``latency_speed.py``).
+* **A host that changed speed** becomes the baseline: a slowdown the
+  limit cannot fix (three mostly slow rounds that lowering the limit did
+  not make faster, confirmed by a probe at half the limit), or a host that
+  sped up (``latency_speed.py``).
 * **A resolution**: an answer is only slow when it is also ``resolution``
   seconds above the baseline. The crawler measures latency on its own event
   loop, which adds milliseconds of noise that grow with its load; for a host
@@ -68,6 +69,10 @@ from .latency_state import LatencyState
 
 __all__ = ["LatencyLimit"]
 
+#: Probe answers that decide a suspected slowdown (fewer: the probe ran out
+#: of time, and no new baseline is taken).
+_CHECK_ANSWERS = 4
+
 
 class LatencyLimit(LatencyState):
     """The adaptive concurrency limit of one scope.
@@ -104,10 +109,85 @@ class LatencyLimit(LatencyState):
 
     __slots__ = ()
 
-    def _end_probe(self, now: float) -> None:
-        self._probe.end(now, self.window, self._baseline.samples, self.current())
+    def _end_probe(self, now: float, *, overloaded: bool = False) -> None:
+        probe = self._probe
+        checking = probe.checking
+        latencies = probe.latencies
+        suspected = probe.suspected
+        probe.end(now, self.window, self._baseline.samples, self.current())
+        if checking is not None and not overloaded:
+            self._settle_slowdown(now, checking, latencies, suspected)
         self._size_rounds()
         self._note_limit(now)
+
+    def _suspect_slowdown(
+        self, now: float, median: float, latencies: list[float]
+    ) -> None:
+        """Three slow rounds did not get faster as the limit fell: check with
+        a probe at half the limit before taking the slower baseline.
+
+        A queue the crawler causes drains when its requests do, but with
+        noise three rounds of a dozen answers can still come out flat: on
+        the host model 2 of 72 hosts that kept their speed were taken as
+        slower and held about twice their unloaded median for the rest of
+        the crawl. A host that got slower is slow at half the limit too. At
+        a limit that cannot be halved (the rounds were already unloaded), or
+        without probe rounds, the *median* of the last round's *latencies*
+        is taken at once.
+        """
+        self._speed.reset()
+        probe = self._probe
+        limit = int(self.limit)
+        if probe.started is None:
+            if not probe.enabled or limit < 2 or limit // 2 < self._minimum:
+                self._rebaseline(now, median, latencies, slower=True)
+                return
+            probe.begin(now)
+            self._note_limit(now)
+        # The probe's own answers pull the baseline up while it runs: the
+        # check compares them with the one the slow rounds were judged by.
+        probe.checking = self.best
+        probe.suspected = list(latencies)
+
+    def _check_decided(self) -> bool:
+        """Whether the first answers of a probe checking a slowdown already
+        agree: all beyond the tolerance, or all within it.
+
+        With independent answers, a host that kept its speed puts all four
+        of them beyond the tolerance about 1 time in 80 at sigma 1.0 (and
+        far less at lower noise); the other four answers of the check are
+        waited for only when they disagree.
+        """
+        probe = self._probe
+        checking = probe.checking
+        latencies = probe.latencies
+        if checking is None or len(latencies) != _CHECK_ANSWERS:
+            return False
+        threshold = self._threshold(checking)
+        beyond = sum(1 for latency in latencies if latency > threshold)
+        return beyond in (0, _CHECK_ANSWERS)
+
+    def _settle_slowdown(
+        self,
+        now: float,
+        baseline: float,
+        latencies: list[float],
+        suspected: list[float],
+    ) -> None:
+        """A probe that checked a slowdown suspected at *baseline* ended with
+        *latencies*: the host got slower if their median is beyond the
+        tolerance. The new baseline is the median of those and of the
+        *suspected* round's latencies together: a handful of answers alone
+        is too few to measure a noisy host by."""
+        if len(latencies) < _CHECK_ANSWERS:
+            return
+        if lower_median(sorted(latencies)) > self._threshold(baseline):
+            pooled = sorted(latencies + suspected)
+            self._rebaseline(now, lower_median(pooled), pooled, slower=True)
+            # The running round counted the slower host's answers against
+            # the old baseline (as a queue forming, which would end the
+            # slow start the new baseline begins).
+            self._round.start(now)
 
     def on_sent(self, now: float, in_flight: int) -> None:
         """Note a request sent at *now* with *in_flight* requests of the scope
@@ -175,7 +255,7 @@ class LatencyLimit(LatencyState):
                     latency,
                     slow=best is not None and latency > self._threshold(best),
                 )
-            if probe.is_over(now, self.best):
+            if probe.is_over(now, self.best) or self._check_decided():
                 self._end_probe(now)
         if self._baseline.is_due(now, self.window):
             self._update_baseline(now)
@@ -264,7 +344,11 @@ class LatencyLimit(LatencyState):
     def _end_round(self, now: float, *, slow: bool) -> None:
         current_round = self._round
         latencies = current_round.latencies
-        if slow:
+        if slow and self._probe.checking is not None:
+            # A probe checks a suspected slowdown at half the limit: its
+            # answers decide, lowering the limit more would only slow it.
+            pass
+        elif slow:
             self._slow_start.end()
             limit_before = self.limit
             self.limit = lowered_limit(limit_before, self._minimum)
@@ -278,8 +362,9 @@ class LatencyLimit(LatencyState):
             )
             if slower is not None:
                 # Lowering the limit three rounds in a row did not bring the
-                # latency down: the host is slower, not queueing our requests.
-                self._rebaseline(now, slower, latencies, slower=True)
+                # latency down: the host is slower, not queueing our
+                # requests, unless a probe shows otherwise.
+                self._suspect_slowdown(now, slower, latencies)
         else:
             values = self._speed.sped_up(
                 now, self.window, self.best, self._baseline.speedup_factor
@@ -383,4 +468,4 @@ class LatencyLimit(LatencyState):
         self._round.start(now)
         self._speed.interrupted()
         if self._probe.started is not None:
-            self._end_probe(now)
+            self._end_probe(now, overloaded=True)

@@ -21,6 +21,8 @@ __all__ = ["PROBE_SAMPLES", "ProbeRound"]
 
 #: Answers a probe round waits for (requests sent during it).
 PROBE_SAMPLES = 16
+#: Answers a probe that checks a suspected slowdown waits for.
+CHECK_SAMPLES = 8
 #: Probe answers whose share above the threshold is remembered.
 _PROBE_MEMORY = 64
 
@@ -30,17 +32,36 @@ class ProbeRound:
 
     Attributes: ``next_at`` (when the next probe is due), ``started`` (when
     the running one started; None: not probing), ``answers`` and
-    ``latencies`` (the running probe's answers).
+    ``latencies`` (the running probe's answers), ``checking`` (the baseline
+    when a slowdown was suspected, if the running probe checks it; None
+    otherwise) and ``enabled`` (probes run at all).
     """
 
-    __slots__ = ("_count", "_slow", "answers", "latencies", "next_at", "started")
+    __slots__ = (
+        "_count",
+        "_slow",
+        "answers",
+        "checking",
+        "enabled",
+        "latencies",
+        "next_at",
+        "started",
+        "suspected",
+    )
 
     def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled
         # The first one at the end of slow start.
         self.next_at = -math.inf if enabled else math.inf
         self.started: float | None = None
         self.answers = 0
         self.latencies: list[float] = []
+        # The baseline when a slowdown was suspected, if the running probe
+        # checks it (its answers decide whether the host got slower; see
+        # LatencyLimit); None otherwise.
+        self.checking: float | None = None
+        # The slow round's latencies that raised the suspicion.
+        self.suspected: list[float] = []
         # Probe answers above the threshold, out of how many (halved past
         # _PROBE_MEMORY).
         self._slow = 0.0
@@ -85,7 +106,8 @@ class ProbeRound:
         """Whether the running probe has its answers, or has run too long."""
         started = self.started
         assert started is not None
-        return self.answers >= PROBE_SAMPLES or now - started > max(
+        needed = PROBE_SAMPLES if self.checking is None else CHECK_SAMPLES
+        return self.answers >= needed or now - started > max(
             1.0, 20 * (baseline or 0.0)
         )
 
@@ -100,6 +122,8 @@ class ProbeRound:
         the samples it brought expire."""
         self.latencies = []
         self.started = None
+        self.checking = None
+        self.suspected = []
         self.next_at = now + 2 * window
 
     def end(self, now: float, window: float, samples: LevelSamples, level: int) -> None:

@@ -4,11 +4,19 @@ Part of :class:`~scrapy_adaptive_throttle._algorithms.latency.LatencyLimit`,
 whose module states the rules of its rounds; this one keeps the evidence
 that the host itself changed speed:
 
-* **A slowdown the limit cannot fix becomes the baseline at once.** When
+* **A slowdown the limit cannot fix becomes the baseline.** When
   three rounds in a row are mostly slow (at most a fifth of fast answers),
   and the second and third round's median did not get faster (by 5%) after
-  the limit was lowered, the latency is not a queue this crawler causes: the
-  host itself got slower. That round's median becomes the baseline, the
+  the limit was lowered, the latency is probably not a queue this crawler
+  causes: the host itself got slower. A probe at half the limit checks it
+  first (``LatencyLimit._suspect_slowdown``): with noise, a draining queue's
+  rounds of a dozen answers can come out flat three times in a row (2 of
+  72 hosts that kept their speed on the host model were taken as slower,
+  and held at about twice their unloaded median for the rest of the crawl;
+  with the check, none). When the probe's first 4 answers are all beyond
+  the tolerance of the baseline the rounds were judged by, or the median of
+  its 8 is, the median of the probe's and that round's answers together
+  becomes the baseline, the
   levels start over and slow start finds the limit the slower host needs
   (the guide's one-second window lost 15-18% of a 3-second slowdown; on the
   noisy host model without slow start 0.63-0.69 of the reduced capacity,

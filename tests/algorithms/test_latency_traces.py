@@ -222,7 +222,6 @@ COLD_GAPS = {
     ("lognormal-0.6", 3, 0.008): "lognormal: baseline 1.43 x",
     ("bimodal", 1, 0.002): "bimodal queue: baseline 1.00 x, median 1.57 x",
     ("bimodal", 2, 0.002): "bimodal queue: baseline 1.02 x, median 1.57 x",
-    ("heavy-tailed", 3, 0.008): "two slowdown rebaselines: median 1.92 x",
 }
 COLD_START_CASES = [
     pytest.param(
@@ -249,7 +248,9 @@ def test_a_slow_first_quarter_second_does_not_stay_in_the_baseline(
     # 2.1x and 1.8x the unloaded median on the bimodal and heavy-tailed hosts
     # (slow start's answers outlived the probe rounds), and so did the median
     # latency at the host. Without LatencyLimit._supersede 21 of these 30
-    # cases fail; with it 9 (COLD_GAPS).
+    # cases fail; with it 9, and 8 (COLD_GAPS) once a probe checks each
+    # suspected slowdown (heavy-tailed seed 3 had taken two queues as
+    # slowdowns: median 1.92 x).
     draw = DISTRIBUTIONS[name]
     host = SimulatedHost(
         workers=8,
@@ -377,27 +378,15 @@ def test_a_slowdown_that_takes_the_limit_down_to_one_becomes_the_baseline(
     assert result.overloads == []
 
 
-#: Hosts whose speed never changes, yet whose draining queue came out flat
-#: for three rounds in a row, by noise: the limit took it as the host
-#: getting slower and kept the slower baseline for the rest of the crawl
-#: (from 15 to 30 s: baseline 2.0x and 2.2x the unloaded median, median
-#: latency 2.8x; ``python -m tests.algorithms.host_model_sweep --slowdown``).
-FALSE_SLOWDOWNS = {
-    (4, 0.05, 0.3, 1): "a queue read as a slower host at 1.9 s",
-    (8, 0.02, 1.0, 7): "a queue read as a slower host at 0.9 s",
-}
+#: Hosts whose speed never changes: 2 of these 72 had a draining queue come
+#: out flat for three rounds in a row, by noise, and kept the slower baseline
+#: it was taken for for the rest of the crawl (4 workers x 50 ms, sigma 0.3,
+#: seed 1 at 1.9 s; 8 x 20 ms, sigma 1.0, seed 7 at 0.9 s: baseline 2.0x and
+#: 2.2x the unloaded median, median latency 2.8x;
+#: ``python -m tests.algorithms.host_model_sweep --slowdown``) until a probe
+#: at half the limit checked each suspected slowdown.
 STEADY_CASES = [
-    pytest.param(
-        workers,
-        service,
-        sigma,
-        seed,
-        marks=pytest.mark.xfail(
-            strict=True, reason=FALSE_SLOWDOWNS[workers, service, sigma, seed]
-        ),
-    )
-    if (workers, service, sigma, seed) in FALSE_SLOWDOWNS
-    else pytest.param(workers, service, sigma, seed)
+    (workers, service, sigma, seed)
     for workers, service in [(2, 0.1), (4, 0.05), (8, 0.02)]
     for sigma in (0.3, 0.6, 1.0)
     for seed in range(1, 9)
