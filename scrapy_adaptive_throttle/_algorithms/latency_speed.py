@@ -6,22 +6,29 @@ that the host itself changed speed:
 
 * **A slowdown the limit cannot fix becomes the baseline.** When
   three rounds in a row are mostly slow (at most a fifth of fast answers),
-  and the second and third round's median did not get faster (by 5%) after
-  the limit was lowered, the latency is probably not a queue this crawler
-  causes: the host itself got slower. A probe at half the limit checks it
-  first (``LatencyLimit._suspect_slowdown``): with noise, a draining queue's
-  rounds of a dozen answers can come out flat three times in a row (2 of
-  72 hosts that kept their speed on the host model were taken as slower,
-  and held at about twice their unloaded median for the rest of the crawl;
-  with the check, none). When the probe's first 4 answers are all beyond
-  the tolerance of the baseline the rounds were judged by, or the median of
-  its 8 is, the median of the probe's and that round's answers together
-  becomes the baseline, the
-  levels start over and slow start finds the limit the slower host needs
+  and the second and third round's median did not get faster after the
+  limit was lowered, the latency is probably not a queue this crawler
+  causes: the host itself got slower. "Faster" is by 5%, or by the noise of
+  two rounds' medians if that is more (1.645 standard errors of the
+  difference of their logarithms, from the rounds' quartiles): with the 5%
+  alone, a round of ten answers at sigma 0.6 came out faster by noise
+  about every other time, and a slowdown went untaken for seconds (6 of 12
+  crawls of a 3-second slowdown on the host model, at 0.58-0.85 of the
+  reduced capacity; with the noise allowed for, 1 of 12, mean 0.95). A
+  probe at half the limit then checks it (``LatencyLimit._suspect_slowdown``):
+  a draining queue's rounds can come out flat three times in a row too
+  (before the check, 2 of 72 hosts that kept their speed on the host model
+  were taken as slower, and held at about twice their unloaded median for
+  the rest of the crawl; with it, none, also with the noise allowed for).
+  When the probe's first 4 answers are all beyond the tolerance of the
+  baseline the rounds were judged by, or the median of its 8 is, the
+  median of the probe's and that round's answers together becomes the
+  baseline, the levels start over and slow start finds the limit the slower
+  host needs
   (the guide's one-second window lost 15-18% of a 3-second slowdown; on the
   noisy host model without slow start 0.63-0.69 of the reduced capacity,
   with it 0.93). A queue the crawler causes shrinks when the limit does, and
-  never triggers it. A round counts only at a lower load (median requests
+  its rounds get faster. A round counts only at a lower load (median requests
   in flight at its answers) than the previous slow round's: until the
   requests in flight follow the lowered limit down, a flat latency says
   nothing (the processes of a shared limit lag behind it: 3 such rounds
@@ -53,6 +60,7 @@ that the host itself changed speed:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from .latency_baseline import lower_median
@@ -75,7 +83,13 @@ _SPEEDUP = 0.9
 class SpeedChange:
     """The evidence, round after round, that the host itself changed speed."""
 
-    __slots__ = ("_faster", "_flat", "_slow_round_load", "_slow_round_median")
+    __slots__ = (
+        "_faster",
+        "_flat",
+        "_slow_round_load",
+        "_slow_round_median",
+        "_slow_round_noise",
+    )
 
     def __init__(self) -> None:
         # The answers of the last rounds without a decrease, until there are
@@ -85,6 +99,8 @@ class SpeedChange:
         # was not), and how many such rounds in a row did not get faster.
         self._slow_round_median: float | None = None
         self._slow_round_load: float | None = None
+        # That round's log-spread and answers (its median's noise).
+        self._slow_round_noise = (0.0, 0)
         self._flat = 0
 
     def reset(self) -> None:
@@ -140,9 +156,14 @@ class SpeedChange:
         latencies.sort()
         median = lower_median(latencies)
         previous = self._slow_round_median
+        spread, count = self._slow_round_noise
+        noise = (_log_spread(latencies), len(latencies))
         self._slow_round_median = median
         self._slow_round_load = load
-        if previous is None or (not alone and median < previous * _FLAT):
+        self._slow_round_noise = noise
+        if previous is None or (
+            not alone and median < previous * _faster_than(noise, (spread, count))
+        ):
             self._flat = 0
             return None
         self._flat += 1
@@ -182,3 +203,31 @@ class SpeedChange:
             return None
         quartile = values[(3 * len(values)) // 4]
         return values if quartile < best * factor(len(values), _SPEEDUP) else None
+
+
+#: How many standard errors of the difference of two rounds' log-medians a
+#: round must be faster by to count as faster (one-sided 95 %).
+_FLAT_Z = 1.645
+
+
+def _log_spread(latencies: list[float]) -> float:
+    """The standard deviation of log-latency, from the quartiles of the
+    sorted *latencies* (robust to a few outliers)."""
+    count = len(latencies)
+    if count < 4:
+        return 0.0
+    low = latencies[count // 4]
+    high = latencies[(3 * count) // 4]
+    if low <= 0:
+        return 0.0
+    return math.log(high / low) / 1.349
+
+
+def _faster_than(noise: tuple[float, int], previous: tuple[float, int]) -> float:
+    """The factor a round's median must fall below the previous round's by
+    to count as faster: 5 %, or the noise of the two medians if larger."""
+    spread = (noise[0] + previous[0]) / 2
+    if not spread or not noise[1] or not previous[1]:
+        return _FLAT
+    error = 1.2533 * spread * math.sqrt(1 / noise[1] + 1 / previous[1])
+    return min(_FLAT, math.exp(-_FLAT_Z * error))
