@@ -86,7 +86,16 @@ def start_process(config: dict[str, Any]) -> subprocess.Popen[str]:
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
-    stdout, stderr = process.communicate(timeout=timeout)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # A hung crawl: its log says where it stood.
+        process.kill()
+        _, stderr = process.communicate()
+        raise AssertionError(
+            f"the crawl did not end within {timeout} s; its log ends with:\n"
+            + stderr[-3000:]
+        ) from None
     assert process.returncode == 0, stderr[-3000:]
     outcome: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
     outcome["log"] = stderr
