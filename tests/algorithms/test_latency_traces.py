@@ -310,7 +310,10 @@ def test_after_a_recovery_the_host_is_back_within_the_tolerance() -> None:
     # the last two windows (2 s here), sent while the limit grew back: it
     # comes out 1.1-1.4x the unloaded median, and the median at the host
     # from 7 s on 1.26-2.40x (mean 1.72x over the 12 seeds above; 1.56x when
-    # half of them never took the slowdown and kept the old baseline).
+    # half of them never took the slowdown and kept the old baseline). A
+    # probe right after the speed-up is taken brought the mean to 1.51x
+    # (1.15-1.82x); in this seed the baseline came back through the
+    # window's expiry, not the speed-up rule, and drifted up to 1.4x.
     _host, result = _slowdown_and_recovery(1)
     assert result.median_latency(7.0) <= 1.5 * unloaded_median(lognormal(0.6))
 
