@@ -297,3 +297,26 @@ def crawl(
         turnaround=turnaround,
         limit_of=lambda: limit.limit,
     )
+
+
+class NotesSlowdowns(LatencyLimit):
+    """A limit that notes when it first takes a slowdown as its baseline
+    (``slower_at``; None: never)."""
+
+    __slots__ = ("slower_at",)
+
+    def __init__(self, **kwargs: float) -> None:
+        super().__init__(**kwargs)
+        self.slower_at: float | None = None
+
+    def _rebaseline(
+        self,
+        now: float,
+        baseline: float,
+        latencies: list[float],
+        *,
+        slower: bool = False,
+    ) -> None:
+        if slower and self.slower_at is None:
+            self.slower_at = now
+        super()._rebaseline(now, baseline, latencies, slower=slower)

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
 from scrapy_adaptive_throttle._latency_scope_manager import LATENCY_RESOLUTION
 from tests.latency_host_model import (
+    NotesSlowdowns,
     SimulatedHost,
     bimodal,
     crawl,
@@ -131,28 +132,6 @@ def main(*, late: bool = False) -> None:
         print("miss:", line)
 
 
-class _NotesSlowdowns(LatencyLimit):
-    """A limit that notes when it first takes a slowdown as the baseline."""
-
-    __slots__ = ("slower_at",)
-
-    def __init__(self, **kwargs: float) -> None:
-        super().__init__(**kwargs)
-        self.slower_at: float | None = None
-
-    def _rebaseline(
-        self,
-        now: float,
-        baseline: float,
-        latencies: list[float],
-        *,
-        slower: bool = False,
-    ) -> None:
-        if slower and self.slower_at is None:
-            self.slower_at = now
-        super()._rebaseline(now, baseline, latencies, slower=slower)
-
-
 def slowdowns() -> None:
     false_alarms: list[str] = []
     steady_runs = 0
@@ -175,7 +154,7 @@ def slowdowns() -> None:
                             else (lambda _now, s=service: s)
                         ),
                     )
-                    limit = _NotesSlowdowns(maximum=32, window=30.0)
+                    limit = NotesSlowdowns(maximum=32, window=30.0)
                     result = crawl(limit, host, 30.0, 0.002)
                     slower_at = limit.slower_at
                     if change:

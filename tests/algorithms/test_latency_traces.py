@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from scrapy_adaptive_throttle._algorithms import LatencyLimit
 from tests.latency_host_model import (
     CrawlResult,
+    NotesSlowdowns,
     SimulatedHost,
     bimodal,
     crawl,
@@ -334,28 +335,6 @@ def test_noisy_permanent_slowdown_becomes_the_baseline() -> None:
     assert result.overloads == []
 
 
-class _Rebaselines(LatencyLimit):
-    """A limit that notes when it first takes a slowdown as the baseline."""
-
-    __slots__ = ("slower_at",)
-
-    def __init__(self, **kwargs: float) -> None:
-        super().__init__(**kwargs)
-        self.slower_at: float | None = None
-
-    def _rebaseline(
-        self,
-        now: float,
-        baseline: float,
-        latencies: list[float],
-        *,
-        slower: bool = False,
-    ) -> None:
-        if slower and self.slower_at is None:
-            self.slower_at = now
-        super()._rebaseline(now, baseline, latencies, slower=slower)
-
-
 #: A slowdown the limit reaches its floor of 1 before taking. The 2-worker
 #: host at sigma 0.6 takes it 10-18 s after the change, one round of a dozen
 #: answers at 2.5 answers a second after another; in this seed, not at all
@@ -401,7 +380,7 @@ def test_a_slowdown_that_takes_the_limit_down_to_one_becomes_the_baseline(
         rng=random.Random(seed),
         service_at=lambda now: service if now < 5.0 else 4 * service,
     )
-    limit = _Rebaselines(maximum=32, window=30.0)
+    limit = NotesSlowdowns(maximum=32, window=30.0)
     result = crawl(limit, host, 30.0, 0.002)
     assert limit.slower_at is not None
     assert limit.slower_at - 5.0 <= 20.0
@@ -439,7 +418,7 @@ def test_a_host_that_keeps_its_speed_is_never_taken_as_slower(
         draw=lognormal(sigma),
         rng=random.Random(seed),
     )
-    limit = _Rebaselines(maximum=32, window=30.0)
+    limit = NotesSlowdowns(maximum=32, window=30.0)
     crawl(limit, host, 30.0, 0.002)
     assert limit.slower_at is None
 
