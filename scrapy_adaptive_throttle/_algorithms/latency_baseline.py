@@ -71,6 +71,9 @@ Z = 2.0
 MIN_SPREAD = 0.05
 #: The expected spread of the median of n samples is this times spread / sqrt(n).
 MEDIAN_EFFICIENCY = 1.2533
+#: The interquartile range of a normal distribution, in standard deviations:
+#: a spread from quartiles, robust to a few outliers.
+NORMAL_IQR = 1.349
 
 
 def lower_median(values: list[float]) -> float:
@@ -259,7 +262,7 @@ class LevelSamples:
             count = len(deviations)
             spread = max(
                 MIN_SPREAD,
-                (deviations[(3 * count) // 4] - deviations[count // 4]) / 1.349,
+                (deviations[(3 * count) // 4] - deviations[count // 4]) / NORMAL_IQR,
             )
         self.spread = spread
         pool: list[float] = []

@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from .latency_baseline import lower_median
+from .latency_baseline import MEDIAN_EFFICIENCY, NORMAL_IQR, lower_median
 
 __all__ = ["SPEEDUP_SAMPLES", "SpeedChange"]
 
@@ -220,7 +220,7 @@ def _log_spread(latencies: list[float]) -> float:
     high = latencies[(3 * count) // 4]
     if low <= 0:
         return 0.0
-    return math.log(high / low) / 1.349
+    return math.log(high / low) / NORMAL_IQR
 
 
 def _faster_than(noise: tuple[float, int], previous: tuple[float, int]) -> float:
@@ -229,5 +229,5 @@ def _faster_than(noise: tuple[float, int], previous: tuple[float, int]) -> float
     spread = (noise[0] + previous[0]) / 2
     if not spread or not noise[1] or not previous[1]:
         return _FLAT
-    error = 1.2533 * spread * math.sqrt(1 / noise[1] + 1 / previous[1])
+    error = MEDIAN_EFFICIENCY * spread * math.sqrt(1 / noise[1] + 1 / previous[1])
     return min(_FLAT, math.exp(-_FLAT_Z * error))
