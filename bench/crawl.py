@@ -401,10 +401,12 @@ def start_in_subprocess(
 
 
 def run_in_subprocess(
-    crawl_config: dict[str, Any], *, timeout: float
+    crawl_config: dict[str, Any], *, timeout: float, cwd: Path | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     """Run one crawl in a fresh process (a fresh reactor each time) and
     return the finished process and its result (``None`` if it failed).
+    *cwd*: another checkout of the project (e.g. a ``git worktree`` of an
+    earlier commit), whose package and ``bench.crawl`` the crawl runs.
 
     Raises :exc:`subprocess.TimeoutExpired` past *timeout* seconds.
     """
@@ -420,7 +422,7 @@ def run_in_subprocess(
             text=True,
             check=False,
             timeout=timeout,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=cwd or Path(__file__).resolve().parent.parent,
         )
         result = None
         if process.returncode == 0 and output.exists():

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import sys
@@ -100,14 +101,25 @@ def overhead(
     pages: dict[str, int],
     fixed: int | None = None,
     trace: bool = False,
+    *,
+    before: Path | None = None,
 ) -> list[dict[str, Any]]:
+    """Per repeat, one crawl in-process and one with the Redis backend (and,
+    with *before*, one with the Redis backend of that checkout, the three in
+    a shuffled order, so that the machine's drifts hit each alike)."""
     rows = []
+    runs: list[tuple[str, dict[str, Any], Path | None]] = [
+        ("in-process", {}, None),
+        ("redis", {"THROTTLING_STATE_URL": redis.url}, None),
+    ]
+    if before is not None:
+        runs.append(("before", {"THROTTLING_STATE_URL": redis.url}, before))
     for repeat in range(repeats):
         row: dict[str, Any] = {"repeat": repeat}
-        for name, extra in (
-            ("in-process", {}),
-            ("redis", {"THROTTLING_STATE_URL": redis.url}),
-        ):
+        order = list(runs)
+        if before is not None:
+            random.Random(repeat).shuffle(order)
+        for name, extra, cwd in order:
             redis.flush()
             with SimHosts([HOST_A, HOST_B]) as hosts:
                 settings = {
@@ -126,7 +138,7 @@ def overhead(
                     "per_host_slots": False,
                     "max_seconds": 120,
                 }
-                process, crawl = run_in_subprocess(config, timeout=240)
+                process, crawl = run_in_subprocess(config, timeout=240, cwd=cwd)
                 if crawl is None:
                     raise SystemExit(process.stderr[-3000:])
                 requests = sum(len(hosts.stats(h)["arrivals"]) for h in pages)
@@ -174,6 +186,10 @@ def overhead(
         row["ratio"] = {
             host: row["redis"][host] / row["in-process"][host] for host in pages
         }
+        if before is not None:
+            row["before ratio"] = {
+                host: row["before"][host] / row["in-process"][host] for host in pages
+            }
         print(json.dumps(row), file=sys.stderr)
         rows.append(row)
     return rows
@@ -433,12 +449,27 @@ def main(argv: list[str] | None = None) -> int:
         help="overhead part: this fixed limit per host (plain scope manager) "
         "instead of the add-on's adaptive one",
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="overhead part: also crawl with the Redis backend of this checkout "
+        "(e.g. a git worktree of an earlier commit), the runs of each repeat "
+        "in a shuffled order",
+    )
     args = parser.parse_args(argv)
     redis = Redis()
     try:
         if args.part in ("overhead", "all"):
             pages = {"A": 600, "B": 100} if args.quick else {"A": 2000, "B": 300}
-            rows = overhead(redis, args.repeats, pages, args.fixed or None, args.trace)
+            rows = overhead(
+                redis,
+                args.repeats,
+                pages,
+                args.fixed or None,
+                args.trace,
+                before=args.before,
+            )
             limit = f"fixed limit {args.fixed}" if args.fixed else "adaptive limit"
             print(f"## overhead: one process, two hosts {pages}, {limit}")
             print(
@@ -461,6 +492,32 @@ def main(argv: list[str] | None = None) -> int:
             for host in pages:
                 median = statistics.median(row["ratio"][host] for row in rows)
                 print(f"median ratio redis / in-process, host {host}: {median:.3f}")
+            if args.before is not None:
+                print(f"\n## the same repeats, Redis backend of {args.before}")
+                print(
+                    "| repeat | A before | ratio | B before | ratio | "
+                    "Redis commands / request | crawl CPU ms/page |"
+                )
+                print("|---|---|---|---|---|---|---|")
+                for row in rows:
+                    old, ratio = row["before"], row["before ratio"]
+                    print(
+                        f"| {row['repeat']} | {old['A']:.0f} | {ratio['A']:.3f} | "
+                        f"{old['B']:.1f} | {ratio['B']:.3f} | "
+                        f"{old['commands_per_request']:.2f} | "
+                        f"{old['cpu_ms_per_page']:.2f} |"
+                    )
+                for host in pages:
+                    median = statistics.median(
+                        row["before ratio"][host] for row in rows
+                    )
+                    print(
+                        f"median ratio redis (before) / in-process, host {host}: "
+                        f"{median:.3f}"
+                    )
+                for name in ("in-process", "redis", "before"):
+                    median = statistics.median(row[name]["A"] for row in rows)
+                    print(f"median pages/s at A, {name}: {median:.0f}")
         if args.part in ("processes", "all"):
             with SimHosts([HOST_A]) as hosts:
                 capacity = probe(hosts.url("A", "").rstrip("/"), 8, 2000)
