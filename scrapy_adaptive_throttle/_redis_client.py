@@ -8,7 +8,8 @@ The scope logic is in :mod:`._shared_state`, its scripts in
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -16,6 +17,11 @@ from urllib.parse import urlsplit, urlunsplit
 #: Longest a release waits to go out with the next check (the send that
 #: usually follows it at once) before it is sent on its own.
 RELEASE_BATCH_DELAY = 0.005
+#: Longest what does not free a lease (latency samples, leases handed on
+#: from one send to the next, see ``SharedState.check``) waits for a round
+#: trip to ride on before it is sent on its own: a scope's leader drains
+#: the samples every 0.1 s, and a handed-on lease is counted all along.
+SAMPLE_BATCH_DELAY = 0.025
 #: The URL schemes of :setting:`THROTTLING_STATE_URL`.
 URL_SCHEMES = ("redis", "rediss", "unix")
 #: First and longest wait before retrying a lost Redis connection.
@@ -142,7 +148,8 @@ class ReleaseBatch:
 
     They go out with the next check (a freed slot is usually taken at once
     by the next request, in the same round trip), or through *flush* after
-    :data:`RELEASE_BATCH_DELAY`; without *schedule* (``schedule(delay,
+    :data:`RELEASE_BATCH_DELAY`; what frees no lease (:meth:`later`) waits
+    up to :data:`SAMPLE_BATCH_DELAY`. Without *schedule* (``schedule(delay,
     function)``, Scrapy's ``call_later``) each is flushed at once.
     """
 
@@ -150,28 +157,83 @@ class ReleaseBatch:
         self,
         flush: Callable[[], None],
         schedule: Callable[[float, Callable[[], None]], Any] | None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._flush = flush
         self._schedule = schedule
+        self._clock = clock
         self._call: Any = None
+        #: When the armed timer fires (on *clock*).
+        self._due = 0.0
+        #: When the oldest thing not sent yet was added (on *clock*).
+        self._since: float | None = None
         self.pending: list[tuple[str, str]] = []
 
     def add(self, releases: list[tuple[str, str]]) -> None:
         """Queue *releases*; flush now or arm the timer."""
         self.pending.extend(releases)
+        self._arm(RELEASE_BATCH_DELAY)
+
+    def later(self) -> None:
+        """Something that frees no lease waits to be sent: arm the timer for
+        :data:`SAMPLE_BATCH_DELAY` after the oldest thing waiting, unless
+        releases wait too."""
+        if self.pending:
+            self._arm(RELEASE_BATCH_DELAY)
+        else:
+            self._arm(SAMPLE_BATCH_DELAY, relax=True)
+
+    def _arm(self, delay: float, *, relax: bool = False) -> None:
         if self._schedule is None:
             self._flush()
-        elif self._call is None:
-            self._call = self._schedule(RELEASE_BATCH_DELAY, self._on_timer)
+            return
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+        due = self._since + delay
+        if self._call is not None:
+            if due >= self._due and not relax:
+                return
+            if due == self._due:
+                return
+            with suppress(Exception):
+                self._call.cancel()
+        self._due = due
+        self._call = self._schedule(max(0.0, due - now), self._on_timer)
 
     def _on_timer(self) -> None:
         self._call = None
         self._flush()
 
-    def take(self) -> list[tuple[str, str]]:
-        """Return the releases not sent yet and forget them."""
-        releases, self.pending = self.pending, []
+    def take(self, keys: Sequence[str] | None = None) -> list[tuple[str, str]]:
+        """Return the releases not sent yet and forget them (everything
+        waiting goes out with them). With *keys*, only the releases of
+        leases on those keys: the others wait to be handed on (see
+        :meth:`take_token`) or for the timer."""
+        if keys is not None and self.pending:
+            wanted = set(keys)
+            mine = {token for key, token in self.pending if key in wanted}
+            releases = [entry for entry in self.pending if entry[1] in mine]
+            self.pending = [entry for entry in self.pending if entry[1] not in mine]
+            if self.pending:
+                return releases
+        else:
+            releases, self.pending = self.pending, []
+        self._since = None
         return releases
+
+    def take_token(self, keys: Sequence[str]) -> str | None:
+        """Take back the release of a lease on exactly the lease *keys*
+        (the scopes of a send), not sent yet: its token, or ``None``."""
+        wanted = sorted(keys)
+        tokens: dict[str, list[str]] = {}
+        for key, token in self.pending:
+            tokens.setdefault(token, []).append(key)
+        for token, held in tokens.items():
+            if sorted(held) == wanted:
+                self.pending = [entry for entry in self.pending if entry[1] != token]
+                return token
+        return None
 
     def cancel(self) -> None:
         """Stop the timer (the crawl ends)."""

@@ -40,11 +40,35 @@ end
 #: and that send's own age.
 SENDS_KEEP_US = 2_000_000
 
+# Hands the N leases of KEYS[first..] (pairs: lease key, sends key) and
+# ARGV[args..] (triples: old token, new token, how long ago the new send
+# was made, µs) on: a lease freed in this process and taken at once by its
+# next send of the same scopes (see SharedState.check) is renamed to the
+# new send's token, its expiry renewed, and the send joins the scope's
+# sends at the time it was made. The count of leases never changes.
+_RENEW_LEASES = """
+local function renew_leases(first, args, count, ttl)
+  for i = 1, count do
+    local lease = KEYS[first + 2 * i - 2]
+    local sends = KEYS[first + 2 * i - 1]
+    local new = ARGV[args + 3 * i - 2]
+    redis.call('ZREM', lease, ARGV[args + 3 * i - 3])
+    redis.call('ZADD', lease, now + ttl, new)
+    redis.call('PEXPIRE', lease, math.ceil(ttl / 1000))
+    redis.call('ZADD', sends, now - tonumber(ARGV[args + 3 * i - 1]), new)
+    redis.call('ZREMRANGEBYSCORE', sends, '-inf', now - SENDS_KEEP_US)
+    redis.call('PEXPIRE', sends, SENDS_KEEP_US / 1000)
+  end
+end
+""".replace("SENDS_KEEP_US", str(SENDS_KEEP_US))
+
 #: KEYS: the lease keys of R releases, the S sample pairs (samples list,
-#: lease key), then the lease, next-send, hold, samples, limit, sends,
+#: lease key), the N hand-over pairs (lease key, sends key; see
+#: _RENEW_LEASES), then the lease, next-send, hold, samples, limit, sends,
 #: pace and quota key of each scope, then this process's marker. ARGV:
-#: token, lease TTL, R, S, the R released tokens, the S samples ("kind
-#: latency"), then the limit (-1: none), the spacing, the adaptive ceiling
+#: token, lease TTL, R, S, N, the R released tokens, the S samples ("kind
+#: latency"), the N hand-overs (old token, new token, age in µs), then the
+#: limit (-1: none), the spacing, the adaptive ceiling
 #: (0: not adaptive), the learned pace's interval (µs, 0: none), the pace
 #: state this process knows ("": none), the quota (-1: none), its window
 #: (µs) and the request's amount of each scope, then how many leased
@@ -58,7 +82,9 @@ SENDS_KEEP_US = 2_000_000
 #: scope (-1: none published); then the shared pace state of each scope
 #: when it differs from the one this process knows ("" otherwise). Samples
 #: and releases go first, batched into the next check (see
-#: SharedState.release); a send to an adaptive scope adds an ``s`` sample
+#: SharedState.release), hand-overs before them; a send to an adaptive
+#: scope kept waiting by its leases adds a ``w`` sample (see
+#: AdaptiveScopes.lead), a send to an adaptive scope adds an ``s`` sample
 #: with its scope's leases. An admitted send joins its scope's sends (the
 #: global count a refusal learns from) and, with a pace, the next send is
 #: one interval after the time this one was allowed (a schedule, as in
@@ -66,10 +92,12 @@ SENDS_KEEP_US = 2_000_000
 ACQUIRE_SCRIPT = (
     _NOW_PREAMBLE
     + _PUSH_SAMPLES
+    + _RENEW_LEASES
     + """
 local ttl = tonumber(ARGV[2])
 local released = tonumber(ARGV[3])
 local sampled = tonumber(ARGV[4])
+local renewed = tonumber(ARGV[5])
 -- The marker lives as long as a lease: missing while this process has
 -- leases in flight, Redis lost them (restarted empty, flushed, failed
 -- over) without this process seeing a failed call. Checked first, so
@@ -80,10 +108,11 @@ redis.call('SET', marker, 1, 'PX', math.ceil(ttl / 1000))
 if lost and tonumber(ARGV[#ARGV]) > 0 then
   return {2, 0, string.format('%.0f', now)}
 end
-push_samples(released + 1, 5 + released, sampled)
-for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[4 + i]) end
-local first = released + 2 * sampled
-local base = 4 + released + sampled
+renew_leases(released + 2 * sampled + 1, 6 + released + sampled, renewed, ttl)
+push_samples(released + 1, 6 + released, sampled)
+for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[5 + i]) end
+local first = released + 2 * sampled + 2 * renewed
+local base = 5 + released + sampled + 3 * renewed
 local scopes = (#KEYS - first - 1) / 8
 local blocked = 0
 local wait = 0
@@ -136,7 +165,18 @@ for i = 1, scopes do
 end
 local stamp = string.format('%.0f', now)
 for i = 1, scopes do table.insert(limits, paces[i]) end
-if blocked > 0 then return {-blocked, wait, stamp, unpack(limits)} end
+if blocked > 0 then
+  -- A send of an adaptive scope kept waiting by the leases: a ``w`` sample
+  -- tells a leader that leads it alone that another process wants in.
+  if tonumber(ARGV[base + 8 * blocked - 5]) > 0 then
+    local samples = KEYS[first + 8 * (blocked - 1) + 4]
+    redis.call('RPUSH', samples, 'w ' .. stamp .. ' 0 ' ..
+               redis.call('ZCARD', KEYS[first + 8 * (blocked - 1) + 1]))
+    redis.call('LTRIM', samples, -SAMPLES_CAP, -1)
+    redis.call('PEXPIRE', samples, SAMPLES_TTL_MS)
+  end
+  return {-blocked, wait, stamp, unpack(limits)}
+end
 if wait > 0 then return {0, wait, stamp, unpack(limits)} end
 for i = 1, scopes do
   local k = first + 8 * (i - 1)
@@ -247,16 +287,23 @@ return #KEYS - 1
 """
 )
 
-#: KEYS: R lease keys, then S sample pairs (samples list, lease key). ARGV:
-#: R, S, the token to remove from each lease key, then the S samples.
+#: KEYS: R lease keys, then S sample pairs (samples list, lease key), then
+#: N hand-over pairs (lease key, sends key). ARGV: R, S, N, the lease TTL,
+#: the token to remove from each lease key, the S samples, then the N
+#: hand-overs (old token, new token, age in µs; see _RENEW_LEASES, applied
+#: first).
 RELEASE_SCRIPT = (
     _NOW_PREAMBLE
     + _PUSH_SAMPLES
+    + _RENEW_LEASES
     + """
 local released = tonumber(ARGV[1])
 local sampled = tonumber(ARGV[2])
-push_samples(released + 1, 3 + released, sampled)
-for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[2 + i]) end
+local renewed = tonumber(ARGV[3])
+renew_leases(released + 2 * sampled + 1, 5 + released + sampled, renewed,
+             tonumber(ARGV[4]))
+push_samples(released + 1, 5 + released, sampled)
+for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[4 + i]) end
 return released
 """
 )

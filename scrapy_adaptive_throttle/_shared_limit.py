@@ -29,7 +29,20 @@ host allows one of them, and together load it four times over. With
 
 So the host sees one adaptive limit, whatever the number of processes. A
 scope no process leads yet (or whose published limit expired) is limited by
-the asking process's own limit. While Redis is lost, each process adapts on
+the asking process's own limit.
+
+A leader whose last drain held samples and all of them its own leads the
+scope **alone** (:attr:`AdaptiveScopes.alone`): until another process's
+sample shows up in a drain (a send, an answer, or a send the leases kept
+waiting: a ``w`` sample, so that a process the leader's leases keep out
+ends it too), it feeds its own answers to its limit as they
+come and enforces that limit at once, as without sharing (its checks still
+count every process's leases against it, and every drain still publishes
+it for a process that joins). One process with the Redis backend so adapts
+as one process without it: with changes published once a drain (0.1 s)
+and held until then, slow start took a step a drain and settled at about
+half of one process's limit (``bench/RESULTS.md``, "One process with the
+Redis backend: fewer round trips"). While Redis is lost, each process adapts on
 its own samples again and keeps to its share of its own limit (the limit
 divided by :setting:`THROTTLING_STATE_PROCESSES`). A process that takes the
 lead over goes on from the published limit and baseline (``adopt``), not
@@ -92,7 +105,14 @@ class SharedAdaptiveLimit(AdaptiveLimit):
     :class:`~._algorithms.concurrency.AdaptiveLimit`.
     """
 
-    __slots__ = ("__weakref__", "_scopes", "active_at", "published", "scope_id")
+    __slots__ = (
+        "__weakref__",
+        "_scopes",
+        "active_at",
+        "fed_at",
+        "published",
+        "scope_id",
+    )
 
     def __init__(
         self,
@@ -110,6 +130,9 @@ class SharedAdaptiveLimit(AdaptiveLimit):
         self.published: int | None = None
         #: When this process last sent or heard from the scope (its clock).
         self.active_at = scopes.now()
+        #: The latest time a sample was fed at: a drain that follows local
+        #: feeding (led alone) never feeds the rule an earlier time.
+        self.fed_at = float("-inf")
         scopes.register(self)
 
     @property
@@ -120,28 +143,31 @@ class SharedAdaptiveLimit(AdaptiveLimit):
     @property
     def limit(self) -> int:
         published = self.published
-        if published is None or not self._scopes.sharing:
+        if published is None or not self._scopes.shared(self.scope_id):
             return self._current
         return max(1, min(published, self.ceiling))
 
     def on_sent(self, now: float, in_flight: int) -> None:
         self.active_at = now
-        if self._scopes.sharing:
+        if self._scopes.shared(self.scope_id):
             return  # the check that admitted it recorded the send in Redis
+        self.fed_at = max(self.fed_at, now)
         super().on_sent(now, in_flight)
 
     def on_overload(self, now: float) -> None:
         self.active_at = now
-        if self._scopes.sharing:
+        if self._scopes.shared(self.scope_id):
             self._scopes.add_sample(self.scope_id, "o", 0.0)
             return
+        self.fed_at = max(self.fed_at, now)
         super().on_overload(now)
 
     def on_response(
         self, now: float, latency: float, in_flight: int, *, error: bool
     ) -> bool:
         self.active_at = now
-        if not self._scopes.sharing:
+        if not self._scopes.shared(self.scope_id):
+            self.fed_at = max(self.fed_at, now)
             return super().on_response(now, latency, in_flight, error=error)
         self._scopes.add_sample(self.scope_id, "e" if error else "r", latency)
         return False
@@ -168,7 +194,10 @@ class SharedAdaptiveLimit(AdaptiveLimit):
         """Feed one sample of any process (the leader does). Once the whole
         limit changes, the algorithm is held (see ``LatencyLimit.hold``)
         until :meth:`release`: the change is enforced only once published."""
+        if kind == "w":
+            return  # a send kept waiting: only a sign of another process
         before = self._current
+        now = self.fed_at = max(self.fed_at, now)
         if kind == "s":
             super().on_sent(now, in_flight)
         elif kind == "o":
@@ -234,6 +263,13 @@ class AdaptiveScopes:
         self.samples: list[tuple[str, str, str]] = []
         #: The scopes this process leads.
         self.leading: set[ScopeID] = set()
+        #: The scopes this process leads alone (see the module): their
+        #: samples are fed here as they come, none goes to Redis.
+        self.alone: set[ScopeID] = set()
+        #: Per samples key, the samples this process sent since the last
+        #: drain (its answers, and the sends its checks recorded): a drain
+        #: of no more than these holds no other process's sample.
+        self._sent: dict[str, int] = {}
         self._timer: Any = None
         self._closed = False
 
@@ -245,6 +281,11 @@ class AdaptiveScopes:
     def sharing(self) -> bool:
         return self._connection.sharing
 
+    def shared(self, scope_id: ScopeID) -> bool:
+        """Whether *scope_id*'s samples go to Redis and its limit is the
+        published one (sharing, and not led alone)."""
+        return self._connection.sharing and scope_id not in self.alone
+
     def now(self) -> float:
         return self._connection._clock()
 
@@ -255,9 +296,18 @@ class AdaptiveScopes:
 
     def ceiling(self, scope_id: ScopeID) -> int:
         """The ceiling the check script caps a published limit of *scope_id*
-        with (0: the scope is not adaptive)."""
+        with (0: the scope is not adaptive, or led alone: the check enforces
+        this process's limit and records no sample)."""
         limit = self.limits.get(scope_id)
-        return 0 if limit is None else limit.ceiling
+        if limit is None or scope_id in self.alone:
+            return 0
+        return limit.ceiling
+
+    def recorded_sample(self, scope_id: ScopeID) -> None:
+        """A check recorded a sample of the adaptive *scope_id* in Redis: a
+        send (``s``), or a send kept waiting by the leases (``w``)."""
+        key = self._key("samples", scope_id)
+        self._sent[key] = self._sent.get(key, 0) + 1
 
     def add_sample(self, scope_id: ScopeID, kind: str, latency: float) -> None:
         self.samples.append(
@@ -270,8 +320,19 @@ class AdaptiveScopes:
         self._send_soon()
 
     def take_samples(self) -> list[tuple[str, str, str]]:
+        """The samples not sent yet, for the round trip about to send them."""
         samples, self.samples = self.samples, []
+        sent = self._sent
+        for key, _, _ in samples:
+            sent[key] = sent.get(key, 0) + 1
         return samples
+
+    def forget(self) -> None:
+        """Redis is lost: the samples not sent are dropped, and no scope is
+        led (alone or not) until a drain says so again."""
+        self.samples = []
+        self._sent.clear()
+        self.alone.clear()
 
     def published(self, scope_id: ScopeID, value: int) -> None:
         """The check script read *value* (-1: none) as *scope_id*'s limit."""
@@ -299,6 +360,7 @@ class AdaptiveScopes:
         since = self.now() - ACTIVE_FOR
         limits = [limit for limit in self.limits.values() if limit.active_at >= since]
         self.leading.intersection_update(limit.scope_id for limit in limits)
+        self.alone.intersection_update(self.leading)
         if not limits:
             return
         keys: list[str] = []
@@ -325,19 +387,34 @@ class AdaptiveScopes:
         server_now = int(answer[0]) / 1e6
         offset = self._connection._clock() - server_now
         changed: list[SharedAdaptiveLimit] = []
+        own = self._sent
+        self._sent = {}
         for limit, value, entry in zip(limits, sent, answer[1:], strict=True):
+            scope_id = limit.scope_id
+            drained = len(entry) - 3
+            sent_here = own.get(self._key("samples", scope_id), 0)
             if not int(entry[0]):
-                self.leading.discard(limit.scope_id)
+                self.leading.discard(scope_id)
+                self.alone.discard(scope_id)
                 continue
-            if limit.scope_id not in self.leading:
+            if scope_id not in self.leading:
                 # Taken over (or first led): go on from the published limit.
-                self.leading.add(limit.scope_id)
+                self.leading.add(scope_id)
                 limit.adopt(server_now + offset, _decode(entry[1]), _decode(entry[2]))
+            alone = scope_id in self.alone
+            if alone and drained:
+                # Another process's samples: share the limit again.
+                self.alone.discard(scope_id)
             last = 0.0
             for sample in entry[3:]:
                 kind, stamp, latency, in_flight = _decode(sample).split()
                 last = max(last, int(stamp) / 1e6 + offset)
                 limit.feed(kind, last, float(latency), int(in_flight))
+            if not alone and drained and drained == sent_here:
+                # Every sample was this process's own: lead alone.
+                self.alone.add(scope_id)
+                if limit.algorithm.held:
+                    limit.release(self.now())
             limit.published = limit.own_limit
             if limit.own_limit != value or limit.algorithm.held:
                 changed.append(limit)
@@ -371,6 +448,7 @@ class AdaptiveScopes:
             with suppress(Exception):  # already fired
                 timer.cancel()
         leading, self.leading = self.leading, set()
+        self.alone.clear()
         if leading and self.sharing:
             with suppress(RedisFailure):
                 self._connection._call(

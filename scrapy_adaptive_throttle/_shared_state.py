@@ -19,7 +19,10 @@ them (see :ref:`shared-state`):
 
 Each update is one Lua script, so it is atomic, and reads the time with
 Redis's ``TIME``, so that the machines' clocks do not matter: one round trip
-per send (the check that admits it also takes its lease), one per release.
+per send (the check that admits it also takes its lease), one per release,
+and releases ride on the next check. A lease freed in this process and
+taken at once by its next send of the same scopes, which it leads alone,
+is *handed on* without a round trip (see :meth:`SharedState.check`).
 Every key has a TTL, so the state of scopes nobody uses any more expires.
 
 When Redis is lost mid-crawl, the processes fall back to in-process limits
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "HANDOVER_FOR",
     "LEASE_MARGIN",
     "RECHECK_INTERVAL",
     "RECONNECT_MIN_DELAY",
@@ -94,6 +98,13 @@ __all__ = [
 #: Seconds between two looks at a scope whose leases are all held by other
 #: processes (nothing in this process will release one and wake it).
 RECHECK_INTERVAL = 0.02
+
+#: Seconds after a check by Redis admitted a send during which a lease
+#: freed in this process may be handed on to the next send of the same
+#: scopes (led alone) without asking Redis again (see
+#: :meth:`SharedState.check`): how stale this process's view of the
+#: scopes' holds and paces may be when it hands a lease on.
+HANDOVER_FOR = 0.05
 
 #: The keys of a scope a check reads or writes, in the check script's order.
 SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit", "sends", "pace", "quota")
@@ -140,7 +151,7 @@ class SharedState(SharedConnection):
         super().__init__(config, client, clock, stats)
         #: Releases not sent yet; *schedule* (Scrapy's ``call_later``) sends
         #: them on their own if no check takes them first.
-        self._releases = ReleaseBatch(self.flush_releases, schedule)
+        self._releases = ReleaseBatch(self.flush_releases, schedule, clock)
         self._acquire = client.register_script(ACQUIRE_SCRIPT)
         self._adopt = client.register_script(ADOPT_SCRIPT)
         self._release = client.register_script(RELEASE_SCRIPT)
@@ -158,6 +169,12 @@ class SharedState(SharedConnection):
         #: The last successful check's admission, for a refund: the server's
         #: time (µs) and the spacing it set per scope (µs; 0: paced, kept).
         self._admitted: tuple[int, dict[ScopeID, int]] = (0, {})
+        #: Leases handed on, not sent yet: ``(lease key, sends key, old
+        #: token, new token, sent at)``, in order.
+        self._handovers: list[tuple[str, str, str, str, float]] = []
+        #: When a check by Redis last admitted a send of each set of scopes
+        #: (on *clock*): hand-overs are allowed for :data:`HANDOVER_FOR`.
+        self._checked: dict[tuple[ScopeID, ...], float] = {}
         #: Each leased request's admission (see ``_admitted``), until it is
         #: released, for :meth:`refund`.
         self._sends: dict[Request, tuple[str, int, dict[ScopeID, int]]] = {}
@@ -165,9 +182,7 @@ class SharedState(SharedConnection):
         #: a fallback, not leased) and scopes.
         self._leases: dict[Request, tuple[str | None, tuple[ScopeID, ...]]] = {}
         #: The latency-adaptive scopes: one limit per scope across processes.
-        self.adaptive = AdaptiveScopes(
-            self, self._key, schedule, lambda: self._releases.add([])
-        )
+        self.adaptive = AdaptiveScopes(self, self._key, schedule, self._releases.later)
         #: The paces learned from 429s: one per scope across processes.
         self.paces = SharedPaces(self, self._key)
 
@@ -235,6 +250,20 @@ class SharedState(SharedConnection):
         by other processes is returned as *blocked* when this process has a
         request of it in flight (its release wakes the queue), else as a
         wait of :data:`RECHECK_INTERVAL`, so that it is looked at again.
+
+        A lease this process freed and has not released in Redis yet, on
+        exactly these scopes, is handed on to this send instead, without a
+        round trip (the count of leases does not change), when every scope
+        is an adaptive one this process leads alone (no other process's
+        sample in its last drain: see :mod:`._shared_limit`), Redis
+        admitted a send of these scopes less than :data:`HANDOVER_FOR` ago,
+        and none of them has a spacing, a quota or a learned pace (which
+        Redis must see each send of); the new token, its expiry and the
+        send's place among the scope's sends go out with the next round
+        trip. A process that joins sees the lease counted all along; a
+        hold it takes reaches a process handing leases on at that
+        process's next check by Redis (at most :data:`HANDOVER_FOR` later)
+        or once its next drain finds the joiner's samples.
         """
         self.drop_pending()
         if not self.sharing and not self._reconnect():
@@ -245,14 +274,19 @@ class SharedState(SharedConnection):
             wait, blocked = fallback_check(scopes, self.config.processes)
             if blocked is not None:
                 return wait, blocked
-        releases = self._releases.take()
+        elif self._releases.pending and self._hand_over(scopes, quotas):
+            return 0.0, None
+        releases = self._releases.take([self._key("lease", s[0]) for s in scopes])
         samples = self.adaptive.take_samples()
+        handovers, self._handovers = self._handovers, []
         keys = [key for key, _ in releases]
         args: list[Any] = [token := self._new_token(), self._ttl, len(releases)]
-        args += (len(samples), *(released for _, released in releases))
+        args += (len(samples), len(handovers))
+        args += (released for _, released in releases)
         for samples_key, lease_key, sample in samples:
             keys += (samples_key, lease_key)
             args.append(sample)
+        self._handover_args(handovers, keys, args)
         ceiling = self.adaptive.ceiling
         pace = self.paces.check_args
         if quotas is None:
@@ -281,11 +315,14 @@ class SharedState(SharedConnection):
         for (scope_id, *_), value, published in zip(
             scopes, answers[:count], answers[count:], strict=True
         ):
+            if status == 1 and ceiling(scope_id):
+                self.adaptive.recorded_sample(scope_id)
             self.adaptive.published(scope_id, int(value))
             if published:
                 self.paces.published(scope_id, published, int(server_now))
         if status == 1:
             self._pending = (tuple(scope for scope, *_ in scopes), token)
+            self._checked[self._pending[0]] = self._clock()
             self._admitted = (
                 int(server_now),
                 {
@@ -294,6 +331,9 @@ class SharedState(SharedConnection):
                 },
             )
             return 0.0, None
+        if status < 0 and ceiling(scopes[-int(status) - 1][0]):
+            # Its ``w`` sample (see the check script) is this process's own.
+            self.adaptive.recorded_sample(scopes[-int(status) - 1][0])
         seconds = int(wait) / 1e6
         if seconds > 0:
             return seconds, None
@@ -301,6 +341,58 @@ class SharedState(SharedConnection):
         if in_flight:
             return 0.0, scope_id
         return RECHECK_INTERVAL, None
+
+    def _hand_over(
+        self,
+        scopes: Sequence[ScopeCheck],
+        quotas: Sequence[ScopeQuota | None] | None,
+    ) -> bool:
+        """Hand a lease freed in this process on to the send *scopes* are
+        checked for, if allowed (see :meth:`check`)."""
+        scope_ids = tuple(scope_id for scope_id, *_ in scopes)
+        now = self._clock()
+        checked = self._checked.get(scope_ids)
+        if checked is None or now - checked > HANDOVER_FOR:
+            if len(self._checked) > 1024:
+                self._checked = {
+                    key: when
+                    for key, when in self._checked.items()
+                    if now - when <= HANDOVER_FOR
+                }
+            return False
+        alone = self.adaptive.alone
+        if not all(scope_id in alone for scope_id in scope_ids):
+            return False
+        if quotas is not None and any(quota is not None for quota in quotas):
+            return False
+        pace = self.paces.check_args
+        for scope_id, _, _, spacing in scopes:
+            if spacing > 0 or pace(scope_id)[0]:
+                return False
+        keys = [self._key("lease", scope_id) for scope_id in scope_ids]
+        old = self._releases.take_token(keys)
+        if old is None:
+            return False
+        token = self._new_token()
+        for scope_id, key in zip(scope_ids, keys, strict=True):
+            self._handovers.append((key, self._key("sends", scope_id), old, token, now))
+        self._pending = (scope_ids, token)
+        self._admitted = (0, {})  # nothing to refund but the send itself
+        self._releases.later()
+        if self._stats is not None:
+            self._stats.inc_value("throttling/shared_state/handover_count")
+        return True
+
+    def _handover_args(
+        self,
+        handovers: list[tuple[str, str, str, str, float]],
+        keys: list[str],
+        args: list[Any],
+    ) -> None:
+        now = self._clock()
+        for lease_key, sends_key, old, new, sent_at in handovers:
+            keys += (lease_key, sends_key)
+            args += (old, new, max(0, round((now - sent_at) * 1e6)))
 
     def claim(
         self,
@@ -435,17 +527,22 @@ class SharedState(SharedConnection):
         )
 
     def flush_releases(self) -> None:
-        """Send the releases (and latency samples) not sent yet."""
-        if not self.sharing or not (self._releases.pending or self.adaptive.samples):
+        """Send the releases (and latency samples, and leases handed on) not
+        sent yet."""
+        if not self.sharing or not (
+            self._releases.pending or self.adaptive.samples or self._handovers
+        ):
             return
         releases = self._releases.take()
         samples = self.adaptive.take_samples()
+        handovers, self._handovers = self._handovers, []
         keys = [key for key, _ in releases]
-        args: list[Any] = [len(releases), len(samples)]
+        args: list[Any] = [len(releases), len(samples), len(handovers), self._ttl]
         args += (token for _, token in releases)
         for samples_key, lease_key, sample in samples:
             keys += (samples_key, lease_key)
             args.append(sample)
+        self._handover_args(handovers, keys, args)
         with suppress(RedisFailure):
             self._call(self._release, keys, args)
 
@@ -483,9 +580,12 @@ class SharedState(SharedConnection):
 
     def _forget_unsent(self) -> None:
         # Releases not sent: their leases expire with their TTL; samples
-        # not sent are lost (the fallback adapts on its own samples).
+        # not sent are lost (the fallback adapts on its own samples); leases
+        # handed on are leased again under their new tokens on resuming
+        # (the old ones expire with their TTL, as unsent releases).
         self._releases.take()
-        self.adaptive.take_samples()
+        self.adaptive.forget()
+        self._handovers = []
 
     def _resume(self) -> int:
         in_flight = []

@@ -75,7 +75,9 @@ def test_releases_wait_for_one_timer_or_the_next_check() -> None:
         return calls[-1]
 
     flushed: list[list[tuple[str, str]]] = []
-    batch = ReleaseBatch(lambda: flushed.append(batch.take()), schedule)
+    batch = ReleaseBatch(
+        lambda: flushed.append(batch.take()), schedule, clock=lambda: 0.0
+    )
     batch.add([("lease:a", "t1")])
     batch.add([("lease:b", "t2")])
     assert flushed == []

@@ -17,8 +17,12 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from scrapy_adaptive_throttle._redis_client import RECONNECT_MAX_DELAY
+from scrapy_adaptive_throttle._redis_client import (
+    RECONNECT_MAX_DELAY,
+    SAMPLE_BATCH_DELAY,
+)
 from scrapy_adaptive_throttle._shared_state import (
+    HANDOVER_FOR,
     RECHECK_INTERVAL,
     RECONNECT_MIN_DELAY,
     SharedState,
@@ -320,11 +324,14 @@ def test_unreachable_redis_at_start_is_one_clear_error():
 
 def test_a_release_goes_out_with_the_next_check(redis_server, prefix):
     timers: list[Any] = []
+    clock = FakeClock(100.0)
     config = SharedStateSettings(
         url=redis_server.url, prefix=prefix, processes=1, lease_ttl=30.0
     )
     state = SharedState(
-        config, schedule=lambda delay, function: timers.append(function)
+        config,
+        clock=clock,
+        schedule=lambda delay, function: timers.append(function),
     )
     client = redis_server.client()
     first = send(state, "host", 1)[2]
@@ -332,7 +339,9 @@ def test_a_release_goes_out_with_the_next_check(redis_server, prefix):
     assert len(timers) == 1  # a flush is scheduled...
     assert client.zcard(state.lease_key("host")) == 1  # ...not sent yet
     commands = state.commands
-    # The next send frees the slot and takes it in one round trip.
+    # Too long after the last check by Redis to hand the lease on: the next
+    # send frees the slot and takes it in one round trip.
+    clock.advance(HANDOVER_FOR * 2)
     assert send(state, "host", 1)[2] is not None
     assert state.commands == commands + 1
     assert client.zcard(state.lease_key("host")) == 1
@@ -343,6 +352,164 @@ def test_a_release_goes_out_with_the_next_check(redis_server, prefix):
     timers.pop()()
     assert state.commands == commands + 2
     assert client.zcard(state.lease_key("host")) == 0
+
+
+class Timers:
+    """Scrapy's ``call_later`` by hand: the timers armed, fired by the test."""
+
+    def __init__(self) -> None:
+        self.armed: list[tuple[float, Any]] = []
+
+    def __call__(self, delay: float, function: Any) -> Any:
+        entry = (delay, function)
+        self.armed.append(entry)
+        timers = self
+
+        class Call:
+            def cancel(self) -> None:
+                timers.armed.remove(entry)
+
+        return Call()
+
+    def fire(self) -> None:
+        """Fire the batch timers armed now (not the leader's)."""
+        for entry in list(self.armed):
+            if entry[0] <= SAMPLE_BATCH_DELAY:
+                self.armed.remove(entry)
+                entry[1]()
+
+
+def batched_state(
+    redis_server: RedisServer, prefix: str, clock: FakeClock, *, alone: bool = True
+):
+    """A process whose releases wait for a timer (as in a crawl), leading
+    the adaptive scope "host" alone (its last drain held only its own
+    samples) unless *alone* is false. Returns ``(state, timers, limit)``."""
+    from scrapy_adaptive_throttle._algorithms import LatencyLimit
+    from scrapy_adaptive_throttle._shared_limit import SharedAdaptiveLimit
+
+    config = SharedStateSettings(
+        url=redis_server.url, prefix=prefix, processes=1, lease_ttl=30.0
+    )
+    timers = Timers()
+    state = SharedState(config, clock=clock, schedule=timers)
+    limit = SharedAdaptiveLimit(
+        LatencyLimit(initial=2, minimum=1, maximum=16),
+        ceiling=16,
+        no_ceiling=16,
+        scope_id="host",
+        scopes=state.adaptive,
+    )
+    if alone:
+        state.adaptive.lead()
+        request = send(state, "host", 2)[2]
+        limit.on_response(clock(), 0.05, 1, error=False)
+        state.release(request)  # type: ignore[arg-type]
+        state.flush_releases()
+        state.adaptive.lead()
+        assert state.adaptive.alone == {"host"}
+        redis_server.client().delete(f"{prefix}:sends:host")
+    return state, timers, limit
+
+
+def test_a_freed_lease_is_handed_on_to_the_next_send_without_a_round_trip(
+    redis_server, prefix
+):
+    clock = FakeClock(100.0)
+    state, timers, _ = batched_state(redis_server, prefix, clock)
+    other = make_state(redis_server, prefix)
+    client = redis_server.client()
+    lease_key = state.lease_key("host")
+    first = send(state, "host", 2)[2]
+    old = state._leases[first][0]  # type: ignore[index]
+    state.release(first)  # type: ignore[arg-type]
+    commands = state.commands
+    clock.advance(0.01)
+    second = send(state, "host", 2)[2]
+    assert second is not None
+    assert state.commands == commands  # no round trip
+    new = state._leases[second][0]
+    assert new != old
+    # Redis counts the lease all along, under the old token until sent.
+    assert client.zrange(lease_key, 0, -1) == [old.encode()]
+    # Another process sees it: of a limit of 2, one is left.
+    assert send(other, "host", 2)[2] is not None
+    assert send(other, "host", 2)[2] is None
+    # The hand-over waits for a round trip longer than a release does (from
+    # the release it took the place of).
+    assert [delay for delay, _ in timers.armed if delay <= SAMPLE_BATCH_DELAY] == [
+        pytest.approx(SAMPLE_BATCH_DELAY - 0.01)
+    ]
+    timers.fire()
+    assert state.commands == commands + 1
+    assert client.zscore(lease_key, new) is not None
+    assert client.zscore(lease_key, old) is None
+    assert client.zcard(lease_key) == 2
+    # The send joined the scope's sends (the count a 429 learns a pace from).
+    assert client.zscore(f"{prefix}:sends:host", new) is not None
+    assert client.zcard(f"{prefix}:sends:host") == 3
+    # Its release frees the lease as any other.
+    state.release(second)  # type: ignore[arg-type]
+    timers.fire()
+    assert client.zrange(lease_key, 0, -1) != []
+    assert client.zscore(lease_key, new) is None
+
+
+def test_a_lease_handed_on_twice_before_a_round_trip_ends_released(
+    redis_server, prefix
+):
+    clock = FakeClock(100.0)
+    state, timers, _ = batched_state(redis_server, prefix, clock)
+    client = redis_server.client()
+    request = send(state, "host", 1)[2]
+    for _ in range(3):
+        state.release(request)  # type: ignore[arg-type]
+        request = send(state, "host", 1)[2]
+        assert request is not None
+    state.release(request)  # type: ignore[arg-type]
+    timers.fire()
+    assert client.zcard(state.lease_key("host")) == 0
+    assert client.zcard(f"{prefix}:sends:host") == 4
+
+
+@pytest.mark.parametrize(
+    "case", ["stale", "spacing", "other scopes", "quota", "not alone", "unclaimed"]
+)
+def test_a_lease_is_not_handed_on_when_redis_must_see_the_send(
+    redis_server, prefix, case
+):
+    clock = FakeClock(100.0)
+    state, timers, _ = batched_state(
+        redis_server, prefix, clock, alone=case != "not alone"
+    )
+    client = redis_server.client()
+    first = send(state, "host", 2)[2]
+    state.release(first)  # type: ignore[arg-type]
+    commands = state.commands
+    if case == "not alone":
+        # Another process's sample was in the last drain (or none led it).
+        assert send(state, "host", 2)[2] is not None
+    elif case == "stale":
+        clock.advance(HANDOVER_FOR * 1.5)
+        assert send(state, "host", 2)[2] is not None
+    elif case == "spacing":
+        assert send(state, "host", 2, spacing=0.2)[2] is not None
+    elif case == "other scopes":
+        assert state.check([("host", 2, 0, 0.0), ("site", 2, 0, 0.0)]) == (0.0, None)
+    elif case == "quota":
+        assert state.check([("host", 2, 0, 0.0)], [(10.0, 60.0, None)]) == (0.0, None)
+    else:
+        # Handed on, but no request claimed it: the next check frees it.
+        assert state.check([("host", 2, 0, 0.0)]) == (0.0, None)
+        assert state.commands == commands
+        assert state.check([("host", 2, 0, 0.0)]) == (0.0, None)
+        state.drop_pending()
+        timers.fire()
+        assert client.zcard(state.lease_key("host")) == 0
+        return
+    # A check by Redis, which sent the release first.
+    assert state.commands == commands + 1
+    assert client.zcard(state.lease_key("host")) == 1
 
 
 def manager(redis_server: RedisServer | None, prefix: str, **settings: Any) -> Any:

@@ -240,3 +240,78 @@ def test_only_adaptive_limits_of_a_shared_crawl_are_wrapped(redis_server):
     fixed = FixedLimit(4)
     assert share_limit(crawler, SCOPE, fixed, 16) is fixed
     state.close()
+
+
+def lead_alone(state: SharedState, limit: SharedAdaptiveLimit) -> None:
+    """Make *state* lead SCOPE alone: a drain that holds only its samples."""
+    state.adaptive.lead()
+    request = send(state, limit, 0)
+    limit.on_response(time.monotonic(), 0.05, 1, error=False)
+    state.release(request)  # type: ignore[arg-type]
+    state.adaptive.lead()
+    assert state.adaptive.alone == {SCOPE}
+
+
+def test_a_leader_alone_adapts_at_once_as_one_process_would(redis_server, prefix):
+    state = make_state(redis_server, prefix)
+    limit = adaptive(state, initial=2)
+    client = redis_server.client()
+    state.adaptive.lead()
+    # An empty drain is no sign of being alone: nothing was sent yet.
+    assert state.adaptive.alone == set()
+    lead_alone(state, limit)
+    # Its answers feed its limit as they come, not a drain later, and the
+    # limit is enforced here at once (slow start: one more per fast answer).
+    before = limit.own_limit
+    sent = [send(state, limit, in_flight) for in_flight in range(before)]
+    assert all(request is not None for request in sent)
+    now = time.monotonic()
+    for request in sent:
+        limit.on_response(now, 0.05, before, error=False)
+        state.release(request)  # type: ignore[arg-type]
+    assert limit.own_limit > before
+    assert limit.limit == limit.own_limit
+    # Nothing goes to Redis for the leader's own sends and answers...
+    assert state.adaptive.samples == []
+    assert client.llen(f"{prefix}:samples:{SCOPE}") == 0
+    # ...but every drain publishes its limit for a process that joins.
+    state.adaptive.lead()
+    assert client.get(f"{prefix}:limit:{SCOPE}") == str(limit.own_limit).encode()
+
+
+def test_another_process_sample_ends_leading_alone(redis_server, prefix):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    one, two = adaptive(first, initial=4), adaptive(second, initial=16)
+    lead_alone(first, one)
+    one.fed.clear()
+    # The leader's limit counts every process's leases: its check passes
+    # its own limit, and the second process's checks the published one.
+    first.adaptive.lead()  # publishes 4
+    assert send(second, two, 0) is not None
+    assert two.limit == one.own_limit
+    first.adaptive.lead()  # drains the second's send
+    assert first.adaptive.alone == set()
+    assert one.fed == [("s", 1)]
+    # From now on the leader's own answers go to Redis with the others'.
+    one.on_response(time.monotonic(), 0.05, 1, error=False)
+    samples = redis_server.client().lrange(f"{prefix}:samples:{SCOPE}", 0, -1)
+    assert [sample.split()[0] for sample in samples] == [b"r"]
+
+
+def test_a_process_kept_out_by_the_leases_ends_leading_alone(redis_server, prefix):
+    first, second = make_state(redis_server, prefix), make_state(redis_server, prefix)
+    one, two = adaptive(first, initial=2), adaptive(second, initial=16)
+    lead_alone(first, one)
+    one.fed.clear()
+    first.adaptive.lead()  # publishes its limit
+    held = [send(first, one, in_flight) for in_flight in range(one.own_limit)]
+    assert all(request is not None for request in held)
+    # Every lease is the leader's: the second process may not send, and has
+    # no sample of a send or an answer to show; its waiting is one.
+    assert second.check([(SCOPE, two.limit, 0, 0.0)]) == (RECHECK_INTERVAL, None)
+    limit_before = one.own_limit
+    first.adaptive.lead()
+    assert first.adaptive.alone == set()
+    # The waiting send was drained, and changes nothing in the rule.
+    assert [kind for kind, _ in one.fed] == ["w"]
+    assert one.own_limit == limit_before
