@@ -35,16 +35,18 @@ A leader whose last drain held samples and all of them its own leads the
 scope **alone** (:attr:`AdaptiveScopes.alone`): until another process's
 sample shows up in a drain (a send, an answer, or a send the leases kept
 waiting: a ``w`` sample, so that a process the leader's leases keep out
-ends it too), it feeds its own answers to its limit as they
-come and enforces that limit at once, as without sharing (its checks still
+ends it too), it feeds its own sends and answers to its limit as they come
+and enforces that limit at once, as without sharing (its checks still
 count every process's leases against it, and every drain still publishes
 it for a process that joins). One process with the Redis backend so adapts
 as one process without it: with changes published once a drain (0.1 s)
-and held until then, slow start took a step a drain and settled at about
-half of one process's limit (``bench/RESULTS.md``, "One process with the
-Redis backend: fewer round trips"). While Redis is lost, each process adapts on
-its own samples again and keeps to its share of its own limit (the limit
-divided by :setting:`THROTTLING_STATE_PROCESSES`). A process that takes the
+and held until then, slow start took a step a drain and the limit settled
+at about half of one process's (``bench/RESULTS.md``, "One process with
+the Redis backend: a host led alone, and leases handed on").
+
+While Redis is lost, each process adapts on its own samples again and
+keeps to its share of its own limit (the limit divided by
+:setting:`THROTTLING_STATE_PROCESSES`). A process that takes the
 lead over goes on from the published limit and baseline (``adopt``), not
 from its own limit, which no sample fed while another process led: that
 one restarted slow start from the floor and took the loaded answers of the
