@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -62,6 +63,49 @@ def test_echoes_of_a_refusal_are_not_learned_from() -> None:
     assert rate.refuse(0.516) == learned
     assert rate.refuse(1.4) == learned  # still the same episode
     assert rate.refusal_count == 3
+
+
+def test_echoes_of_requests_sent_before_the_counted_one_correct_the_count() -> None:
+    """A burst reaches the server out of order: the refused request was the
+    23rd sent, but two sent before it arrived after it and were refused
+    too. Their echoes say the count was two too many."""
+    rate = LearnedRate()
+    for index in range(25):
+        rate.record_send(10.0 + index * 0.001)
+    assert rate.refuse(10.05, sent_at=10.022) == pytest.approx(1.02 / 22)
+    # Echoes of requests sent after the counted one: nothing to correct.
+    assert rate.refuse(10.051, sent_at=10.023) == pytest.approx(1.02 / 22)
+    assert rate.refuse(10.052, sent_at=10.020) == pytest.approx(1.02 / 21)
+    assert rate.refuse(10.053, sent_at=10.021) == pytest.approx(1.02 / 20)
+    assert rate.accepted == 20
+    # A send from before the counted period was not in the count.
+    assert rate.refuse(10.054, sent_at=9.0) == pytest.approx(1.02 / 20)
+    # The next episode is learned anew; its echoes no longer correct the
+    # last count (a refusal at the learned pace slows by the margin).
+    rate._sent.extend(12.0 + index * 0.051 for index in range(20))
+    again = rate.refuse(13.1, sent_at=13.0)
+    assert again == pytest.approx(1.02 / 20 * 1.02)
+    assert rate.refuse(13.101, sent_at=12.9) == again
+
+
+def test_echo_corrections_keep_the_bounds_of_the_count() -> None:
+    """After a probe the count never slows below the pace tolerated before
+    it; corrected, it still does not; without a send time, nothing is
+    corrected."""
+    rate = LearnedRate(window=10.0)
+    rate._sent.extend(index * 0.045 for index in range(20))
+    known = rate.refuse(0.91, sent_at=0.9)
+    probed = rate.roll(11.0)
+    assert probed < known
+    rate._sent.extend(11.0 + index * 0.04 for index in range(21))
+    assert rate.refuse(12.01, sent_at=11.85) == pytest.approx(1.02 / 21)
+    assert rate.refuse(12.02, sent_at=11.5) == pytest.approx(known)
+    assert rate.refuse(12.03, sent_at=11.6) == pytest.approx(known)
+    unknown = LearnedRate()
+    for index in range(25):
+        unknown.record_send(index * 0.001)
+    learned = unknown.refuse(0.05)
+    assert unknown.refuse(0.051) == learned
 
 
 def test_a_refusal_with_nothing_accepted_learns_nothing() -> None:
@@ -271,6 +315,8 @@ class Run:
     pages: list[float] = field(default_factory=list)
     refusals: list[float] = field(default_factory=list)
     intervals: list[tuple[float, float]] = field(default_factory=list)
+    #: (send time, interval) of every send paced by a learned interval.
+    paces: list[tuple[float, float]] = field(default_factory=list)
 
     def pages_per_second(self, start: float, end: float) -> float:
         return sum(start <= t < end for t in self.pages) / (end - start)
@@ -289,37 +335,49 @@ def crawl(
     lag: float = 0.0005,
     retry_after: float = 1.0,
     change: tuple[float, float] | None = None,
+    reorder: float = 0.0,
+    seed: int = 0,
 ) -> Run:
     """Send as fast as the learned interval allows (before anything is
     learned: every *unlearned_interval*, an adaptive limit's pace), each send
     *lag* seconds late (the crawler's loop); every refusal holds the client
-    *retry_after* seconds. *change* = (time, new rate) raises the limit."""
+    *retry_after* seconds. *change* = (time, new rate) raises the limit.
+    *reorder*: each request reaches the API up to that many seconds after
+    its send (uniform, seeded), so close sends arrive out of order."""
     run = Run()
-    completions: list[tuple[float, bool, float]] = []
+    draw = random.Random(seed)
+    # (time, order, arrived?, accepted?, sent_at): arrivals, then answers.
+    events: list[tuple[float, int, bool, bool, float]] = []
+    order = 0
     next_send = 0.0
     hold_until = 0.0
     while True:
         send_at = max(next_send, hold_until)
-        if completions and completions[0][0] <= send_at:
-            done_at, accepted, sent_at = heapq.heappop(completions)
-            if accepted:
-                run.pages.append(done_at)
+        if events and events[0][0] <= send_at:
+            at, _, arrival, accepted, sent_at = heapq.heappop(events)
+            order += 1
+            if arrival:
+                if change is not None and at >= change[0]:
+                    api.rate = change[1]
+                admitted = api.admit(at)
+                done_at = at + (latency if admitted else 0.001)
+                heapq.heappush(events, (done_at, order, False, admitted, sent_at))
+            elif accepted:
+                run.pages.append(at)
             else:
-                run.refusals.append(done_at)
-                rate.refuse(done_at, sent_at)
-                run.intervals.append((done_at, rate.interval))
-                hold_until = max(hold_until, done_at + retry_after)
+                run.refusals.append(at)
+                rate.refuse(at, sent_at)
+                run.intervals.append((at, rate.interval))
+                hold_until = max(hold_until, at + retry_after)
             continue
         if send_at >= seconds:
             return run
-        if change is not None and send_at >= change[0]:
-            api.rate = change[1]
-        admitted = api.admit(send_at)
-        heapq.heappush(
-            completions,
-            (send_at + (latency if admitted else 0.001), admitted, send_at),
-        )
+        order += 1
+        arrive_at = send_at + (draw.uniform(0.0, reorder) if reorder else 0.0)
+        heapq.heappush(events, (arrive_at, order, True, False, send_at))
         allowed = rate.record_send(send_at)
+        if rate.interval:
+            run.paces.append((send_at, rate.interval))
         next_send = (
             allowed if allowed > send_at else send_at + unlearned_interval
         ) + lag
@@ -392,3 +450,30 @@ def test_never_paces_faster_than_the_limit_after_a_refusal(
     learned = [interval for _, interval in run.intervals if interval]
     assert learned, "a refusal was learned from"
     assert all(interval >= 0.99 / limit for interval in learned)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    limit=st.integers(min_value=5, max_value=100),
+    reorder=st.floats(min_value=0.0, max_value=4.0),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_a_burst_out_of_order_does_not_learn_a_pace_over_the_limit(
+    limit: int, reorder: float, seed: int
+) -> None:
+    """Before anything is learned the scope sends in bursts, which reach
+    the API out of order (here: each up to *reorder* unlearned intervals
+    late): the refused request was not the first to arrive over the
+    limit, and the sends before it that arrived after it were counted as
+    accepted. Their echoes correct the count before the hold ends."""
+    unlearned = 1 / (4 * limit)
+    run = crawl(
+        SlidingWindowAPI(limit),
+        LearnedRate(window=0.0),
+        seconds=20.0,
+        unlearned_interval=unlearned,
+        reorder=reorder * unlearned,
+        seed=seed,
+    )
+    assert run.paces, "a refusal was learned from"
+    assert min(interval for _, interval in run.paces) >= 1.0 / limit
