@@ -34,12 +34,17 @@ port (persistence off) and fresh simulated hosts per run:
     through Redis vs independent (each process its own 8): the most requests
     in service at the host (from the server's records), 503s, aggregate
     pages/s at the server (200s over first arrival to last answer), over
-    A's capacity probed on this machine with exactly 8 in flight. ``--limits``
+    A's capacity probed on this machine with exactly 8 in flight, and the
+    same over the middle 80 % of the answers (without the crawl's start and
+    the last process's tail). ``--limits``
     (default 8 and 16) gives the scope concurrencies to run: 8 is A's
     workers, 16 leaves room for Scrapy's turnaround within A's queue; with
     ``--adaptive`` (the default), also the add-on's latency-adaptive limit
     (its defaults, ``CONCURRENT_REQUESTS_PER_DOMAIN = 32`` as its ceiling),
     which the shared state makes one limit across the processes.
+    ``--trace`` samples the shared rows' published limit and leases in
+    Redis every 0.1 s and prints their means over the middle of the crawl
+    beside the requests in service at the host and the machine's idle share.
 
 Ratios only mean something within one run (2 shared cores); note ``uptime``
 with the figures.
@@ -48,6 +53,7 @@ with the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
@@ -55,6 +61,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +202,68 @@ def overhead(
     return rows
 
 
+class LeaseSampler:
+    """Every 0.1 s while a crawl runs, host A's published limit and leases
+    in the (private) Redis of the run, with the machine's CPU counters
+    (``/proc/stat``): what the shared limit lets the processes take, to
+    set against what is in service at the host (``processes --trace``)."""
+
+    def __init__(self, redis_url: str) -> None:
+        import threading
+
+        import redis as redis_py
+
+        self._client = redis_py.Redis.from_url(redis_url)
+        self._stop = threading.Event()
+        self.samples: list[tuple[float, int, int, list[int]]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LeaseSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.close()
+
+    def _run(self) -> None:
+        client = self._client
+        while not self._stop.wait(0.1):
+            limit_keys = list(client.scan_iter(match="*:limit:*"))
+            lease_keys = list(client.scan_iter(match="*:lease:*"))
+            limit = client.get(limit_keys[0]) if limit_keys else None
+            leases = client.zcard(lease_keys[0]) if lease_keys else 0
+            with open("/proc/stat") as stat:
+                cpu = [int(field) for field in stat.readline().split()[1:]]
+            self.samples.append((time.time(), int(limit or 0), leases, cpu))
+
+    def summary(
+        self, intervals: list[tuple[float, float]], first_epoch: float
+    ) -> dict[str, float] | None:
+        """Means over the middle 80 % of the crawl (server time): the
+        published limit, the leases, the requests in service at the host,
+        and the machine's idle share (idle + iowait over all CPU time)."""
+        start = min(begin for begin, _ in intervals)
+        length = max(end for _, end in intervals) - start
+        rows = []
+        for epoch, limit, leases, cpu in self.samples:
+            at = epoch - first_epoch
+            if 0.1 * length <= at <= 0.9 * length:
+                busy = sum(1 for b, e in intervals if b - start <= at < e - start)
+                rows.append((limit, leases, busy, cpu))
+        if len(rows) < 2:
+            return None
+        first, last = rows[0][3], rows[-1][3]
+        spent = [after - before for before, after in zip(first, last, strict=True)]
+        return {
+            "limit": statistics.mean(row[0] for row in rows),
+            "leases": statistics.mean(row[1] for row in rows),
+            "in_service": statistics.mean(row[2] for row in rows),
+            "idle": (spent[3] + spent[4]) / sum(spent) if sum(spent) else 0.0,
+        }
+
+
 def crawl_processes(
     redis_url: str | None,
     processes: int,
@@ -203,11 +272,14 @@ def crawl_processes(
     host: dict[str, Any] = HOST_A,
     *,
     quota: tuple[float, float] | None = None,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """*processes* crawling *host* (named A) at once; *limit* None: the
     add-on's adaptive limit (ceiling CONCURRENT_REQUESTS_PER_DOMAIN =
     ADAPTIVE_CEILING); *quota*: ``(quota, window)`` of A's scope, each
-    request consuming 1."""
+    request consuming 1; *trace* (with *redis_url*): a :class:`LeaseSampler`
+    summary as ``"trace"``."""
+    sampler = LeaseSampler(redis_url) if trace and redis_url else None
     with SimHosts([host]) as hosts:
         base = hosts.url("A", "").rstrip("/")
         settings: dict[str, Any] = {"ADDONS": ADDON}
@@ -226,7 +298,7 @@ def crawl_processes(
             settings["THROTTLING_STATE_URL"] = redis_url
             settings["THROTTLING_STATE_PROCESSES"] = processes
         running = []
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, sampler or _nothing():
             for index in range(processes):
                 output = Path(tmp) / f"{index}.json"
                 config = {
@@ -272,6 +344,7 @@ def crawl_processes(
     return {
         "pages": len(ok),
         "pages_per_second": len(ok) / span,
+        "middle_pages_per_second": middle_rate(sorted(end for _, end in ok)),
         "late_pages_per_second": (
             sum(1 for record in late if record[3] == 200) / late_span
             if late_span > 0
@@ -289,7 +362,28 @@ def crawl_processes(
         "first_arrival_epoch": stats["first_arrival_epoch"],
         "arrival_times": sorted(record[0] for record in stats["arrivals"]),
         "process_results": results,
+        "trace": (
+            None
+            if sampler is None
+            else sampler.summary(intervals, stats["first_arrival_epoch"])
+        ),
     }
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def middle_rate(ends: list[float], share: float = 0.8) -> float | None:
+    """Pages/s over the middle *share* of the answers (sorted end times):
+    the rate once the crawl has started and before its tail, where the
+    whole-crawl figure also counts slow start and the last process's end."""
+    count = len(ends)
+    low, high = round(count * (1 - share) / 2), round(count * (1 + share) / 2) - 1
+    if high <= low or ends[high] <= ends[low]:
+        return None
+    return (high - low) / (ends[high] - ends[low])
 
 
 #: Server times (seconds from the first arrival) at which the API part's
@@ -439,7 +533,10 @@ def main(argv: list[str] | None = None) -> int:
         "--trace",
         action="store_true",
         help="api part: also print each process's learned pace over time; "
-        "overhead part: host A's limit, baseline and latency",
+        "overhead part: host A's limit, baseline and latency; processes "
+        "part: host A's published limit, its leases and the requests in "
+        "service there (means over the middle of the crawl), and the "
+        "machine's idle share",
     )
     parser.add_argument("--quick", action="store_true", help="fewer pages")
     parser.add_argument(
@@ -527,10 +624,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"queue 16); probed capacity (8 in flight): {ceiling:.0f} pages/s"
             )
             print(
-                "| configuration | pages | pages/s | / capacity | max in service "
+                "| configuration | pages | pages/s | / capacity | middle 80 % of "
+                "answers: pages/s / capacity | max in service "
                 "| 503s | Redis commands / request |"
             )
-            print("|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|")
             shared_or_not = (("shared (Redis)", redis.url), ("independent", None))
             runs: list[tuple[str, str | None, int | None]] = [
                 (f"{name}, concurrency {limit}", url, int(limit))
@@ -543,18 +641,43 @@ def main(argv: list[str] | None = None) -> int:
                     (f"{name}, adaptive (add-on defaults)", url, None)
                     for name, url in shared_or_not
                 ]
+            traced: list[tuple[str, dict[str, Any]]] = []
             for name, url, limit in runs:
                 redis.flush()
                 time.sleep(0.5)
-                result = crawl_processes(url, args.processes, args.pages, limit)
+                result = crawl_processes(
+                    url, args.processes, args.pages, limit, trace=args.trace
+                )
                 commands = result["commands_per_request"]
                 speed = result["pages_per_second"]
+                middle = result["middle_pages_per_second"]
+                middle_text = (
+                    "-" if middle is None else f"{middle:.0f} / {middle / ceiling:.2f}"
+                )
                 print(
                     f"| {name} | {result['pages']} | {speed:.0f} | "
-                    f"{speed / ceiling:.2f} | "
+                    f"{speed / ceiling:.2f} | {middle_text} | "
                     f"{result['max_in_service']} | {result['503']} | "
                     f"{'-' if commands is None else f'{commands:.2f}'} |"
                 )
+                if args.trace:
+                    traced.append((name, result))
+            for name, result in traced:
+                cpu = sum(
+                    r.get("crawl_cpu_seconds") or 0.0 for r in result["process_results"]
+                )
+                per_page = 1000 * cpu / result["pages"]
+                line = f"trace, {name}: crawl CPU {per_page:.2f} ms/page"
+                summary = result["trace"]
+                if summary is not None:
+                    line += (
+                        "; means over the middle 80 % of the crawl: published "
+                        f"limit {summary['limit']:.1f}, leases "
+                        f"{summary['leases']:.1f}, in service at the host "
+                        f"{summary['in_service']:.1f}; machine idle "
+                        f"{summary['idle']:.0%}"
+                    )
+                print(line)
         if args.part in ("api", "all"):
             api(redis, args.processes, args.api_pages, args.rate, args.trace)
         if args.part in ("quota", "all"):
