@@ -287,8 +287,11 @@ class LearnedRate:
         self._counted = None
         if accepted >= 1:
             self.accepted = accepted
-            counted = self.period * (1.0 + self.margin) / accepted
+            counted = self._paced_for(accepted)
             known = self._known
+            # The slowest pace the count may set, should echoes correct it
+            # (None: this interval did not come from the count).
+            cap: float | None
             if not known:
                 learned = counted
                 cap = math.inf
@@ -304,8 +307,8 @@ class LearnedRate:
                 # edge, or the limit is not only per period). Slow down by
                 # the margin, not by what a count one short would say.
                 learned = known * (1.0 + self.margin)
-                cap = 0.0
-            if cap and sent_at is not None and not shared:
+                cap = None
+            if cap is not None and sent_at is not None and not shared:
                 self._counted = (sent_at, cap)
             if self.probe_count:
                 # Found again after probing: probe more rarely from now on.
@@ -332,9 +335,12 @@ class LearnedRate:
         if accepted < 1:
             return
         self.accepted = accepted
-        self.interval = self._known = min(
-            self.period * (1.0 + self.margin) / accepted, cap
-        )
+        self.interval = self._known = min(self._paced_for(accepted), cap)
+
+    def _paced_for(self, accepted: float) -> float:
+        """The interval that keeps *accepted* requests a period, slowed by
+        the margin."""
+        return self.period * (1.0 + self.margin) / accepted
 
     def record_echo(self, now: float) -> None:
         """Record a refusal that another process learns from (the first of
