@@ -215,7 +215,7 @@ class LeaseSampler:
 
         self._client = redis_py.Redis.from_url(redis_url)
         self._stop = threading.Event()
-        self.samples: list[tuple[float, int, int, list[int]]] = []
+        self.samples: list[tuple[float, int | None, int, list[int]]] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> LeaseSampler:
@@ -236,14 +236,16 @@ class LeaseSampler:
             leases = client.zcard(lease_keys[0]) if lease_keys else 0
             with open("/proc/stat") as stat:
                 cpu = [int(field) for field in stat.readline().split()[1:]]
-            self.samples.append((time.time(), int(limit or 0), leases, cpu))
+            published = None if limit is None else int(limit)
+            self.samples.append((time.time(), published, leases, cpu))
 
     def summary(
         self, intervals: list[tuple[float, float]], first_epoch: float
-    ) -> dict[str, float] | None:
+    ) -> dict[str, float | None] | None:
         """Means over the middle 80 % of the crawl (server time): the
-        published limit, the leases, the requests in service at the host,
-        and the machine's idle share (idle + iowait over all CPU time)."""
+        published limit (None: none was, as with a fixed limit), the
+        leases, the requests in service at the host, and the machine's idle
+        share (idle + iowait over all CPU time)."""
         start = min(begin for begin, _ in intervals)
         length = max(end for _, end in intervals) - start
         rows = []
@@ -256,8 +258,9 @@ class LeaseSampler:
             return None
         first, last = rows[0][3], rows[-1][3]
         spent = [after - before for before, after in zip(first, last, strict=True)]
+        published = [row[0] for row in rows if row[0] is not None]
         return {
-            "limit": statistics.mean(row[0] for row in rows),
+            "limit": statistics.mean(published) if published else None,
             "leases": statistics.mean(row[1] for row in rows),
             "in_service": statistics.mean(row[2] for row in rows),
             "idle": (spent[3] + spent[4]) / sum(spent) if sum(spent) else 0.0,
@@ -670,9 +673,10 @@ def main(argv: list[str] | None = None) -> int:
                 line = f"trace, {name}: crawl CPU {per_page:.2f} ms/page"
                 summary = result["trace"]
                 if summary is not None:
+                    limit = summary["limit"]
                     line += (
                         "; means over the middle 80 % of the crawl: published "
-                        f"limit {summary['limit']:.1f}, leases "
+                        f"limit {'-' if limit is None else f'{limit:.1f}'}, leases "
                         f"{summary['leases']:.1f}, in service at the host "
                         f"{summary['in_service']:.1f}; machine idle "
                         f"{summary['idle']:.0%}"
