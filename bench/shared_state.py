@@ -61,7 +61,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -301,7 +300,7 @@ def crawl_processes(
             settings["THROTTLING_STATE_URL"] = redis_url
             settings["THROTTLING_STATE_PROCESSES"] = processes
         running = []
-        with tempfile.TemporaryDirectory() as tmp, sampler or _nothing():
+        with tempfile.TemporaryDirectory() as tmp, sampler or contextlib.nullcontext():
             for index in range(processes):
                 output = Path(tmp) / f"{index}.json"
                 config = {
@@ -371,11 +370,6 @@ def crawl_processes(
             else sampler.summary(intervals, stats["first_arrival_epoch"])
         ),
     }
-
-
-@contextlib.contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def middle_rate(ends: list[float], share: float = 0.8) -> float | None:
