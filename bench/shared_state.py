@@ -45,6 +45,9 @@ port (persistence off) and fresh simulated hosts per run:
     ``--trace`` samples the shared rows' published limit and leases in
     Redis every 0.1 s and prints their means over the middle of the crawl
     beside the requests in service at the host and the machine's idle share.
+    ``--service-ms`` sets A's service time (default 20 ms): a slower host
+    asks less of the crawlers' CPU per second, to see the shared limit where
+    the crawlers are not short of CPU.
 
 Ratios only mean something within one run (2 shared cores); note ``uptime``
 with the figures.
@@ -244,7 +247,8 @@ class LeaseSampler:
         """Means over the middle 80 % of the crawl (server time): the
         published limit (None: none was, as with a fixed limit), the
         leases, the requests in service at the host, and the machine's idle
-        share (idle + iowait over all CPU time)."""
+        share (idle + iowait over all CPU time); and the highest published
+        limit of the whole crawl (to set beside the most in service)."""
         start = min(begin for begin, _ in intervals)
         length = max(end for _, end in intervals) - start
         rows = []
@@ -258,8 +262,10 @@ class LeaseSampler:
         first, last = rows[0][3], rows[-1][3]
         spent = [after - before for before, after in zip(first, last, strict=True)]
         published = [row[0] for row in rows if row[0] is not None]
+        every_limit = [sample[1] for sample in self.samples if sample[1] is not None]
         return {
             "limit": statistics.mean(published) if published else None,
+            "highest_limit": max(every_limit, default=None),
             "leases": statistics.mean(row[1] for row in rows),
             "in_service": statistics.mean(row[2] for row in rows),
             "idle": (spent[3] + spent[4]) / sum(spent) if sum(spent) else 0.0,
@@ -527,6 +533,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quota-pages", type=int, default=400)
     parser.add_argument(
+        "--service-ms",
+        type=float,
+        default=1000 * HOST_A["service_time"],
+        help="processes part: host A's service time per page, ms (8 workers; "
+        "a slower host needs less of the crawlers' CPU per second)",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="api part: also print each process's learned pace over time; "
@@ -613,12 +626,14 @@ def main(argv: list[str] | None = None) -> int:
                     median = statistics.median(row[name]["A"] for row in rows)
                     print(f"median pages/s at A, {name}: {median:.0f}")
         if args.part in ("processes", "all"):
-            with SimHosts([HOST_A]) as hosts:
+            host_a = {**HOST_A, "service_time": args.service_ms / 1000}
+            with SimHosts([host_a]) as hosts:
                 capacity = probe(hosts.url("A", "").rstrip("/"), 8, 2000)
             ceiling = capacity["pages_per_second"]
             print(
-                f"\n## {args.processes} processes, host A (8 workers x 20 ms, "
-                f"queue 16); probed capacity (8 in flight): {ceiling:.0f} pages/s"
+                f"\n## {args.processes} processes, host A (8 workers x "
+                f"{args.service_ms:g} ms, queue 16); probed capacity (8 in flight): "
+                f"{ceiling:.0f} pages/s"
             )
             print(
                 "| configuration | pages | pages/s | / capacity | middle 80 % of "
@@ -643,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
                 redis.flush()
                 time.sleep(0.5)
                 result = crawl_processes(
-                    url, args.processes, args.pages, limit, trace=args.trace
+                    url, args.processes, args.pages, limit, host_a, trace=args.trace
                 )
                 commands = result["commands_per_request"]
                 speed = result["pages_per_second"]
@@ -668,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
                 summary = result["trace"]
                 if summary is not None:
                     limit = summary["limit"]
+                    highest = summary["highest_limit"]
+                    if highest is not None:
+                        line += f"; highest published limit {highest}"
                     line += (
                         "; means over the middle 80 % of the crawl: published "
                         f"limit {'-' if limit is None else f'{limit:.1f}'}, leases "
