@@ -353,8 +353,11 @@ def _peak(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "independent"])
-def test_a_backoff_hold_holds_every_process(simhosts, redis_server, shared, tmp_path):
+def test_a_backoff_hold_holds_every_process(
+    simhosts, redis_server, shared, reactor, tmp_path
+):
     """A 429 with ``Retry-After: 1`` answered to one process holds the host
     in both (without THROTTLING_STATE_URL, the control: the other process
     keeps sending). The refused page is retried once (a request of the
@@ -373,6 +376,7 @@ def test_a_backoff_hold_holds_every_process(simhosts, redis_server, shared, tmp_
             pages,
             redis_url=redis_server.url if shared else None,
             prefix=prefix,
+            reactor=reactor,
             RETRY_TIMES=1,
             BACKOFF_JITTER=0,
         )
@@ -382,6 +386,9 @@ def test_a_backoff_hold_holds_every_process(simhosts, redis_server, shared, tmp_
     processes = start_together(configs, tmp_path)
     outcomes = [finish(process) for process in processes]
     for outcome in outcomes:
+        assert outcome["reactor"].endswith(
+            "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
+        )
         assert outcome["unanswered"] == []
         assert len(outcome["responses"]) + len(outcome["failures"]) == pages
     stats = hosts.stats("A")
