@@ -222,17 +222,23 @@ return {1, 0, stamp, unpack(limits)}
     .replace("SENDS_KEEP_US", str(SENDS_KEEP_US))
 )
 
-#: KEYS: the sends, refusals and episode key of a scope. ARGV: how long
-#: before now the refused request was sent (µs, -1: unknown), the period
-#: the server counts over (µs), a token for the refusal, the lease token of
-#: the refused send ("": unknown; its score in the sends is its exact send
-#: time, else the age estimates it). A refusal for too
-#: many requests (429): recorded, and the first of its episode (no other
-#: one for a period) is claimed for the asking process, which learns the
-#: pace from every process's sends. Returns ``{0, now}`` (another process
-#: learns from this episode) or ``{1, now, accepted}``: the sends over the
-#: period before the refused one, minus the refusals since, of every
-#: process (as LearnedRate.count_accepted counts its own).
+#: KEYS: the sends, refusals, episode and count-start keys of a scope.
+#: ARGV: how long before now the refused request was sent (µs, -1:
+#: unknown), the period the server counts over (µs), a token for the
+#: refusal, the lease token of the refused send ("": unknown; its score in
+#: the sends is its exact send time, else the age estimates it), how long
+#: the count's start is kept (ms). A refusal for too many requests (429):
+#: recorded, and the first of its episode (no other one for a period) is
+#: claimed for the asking process, which learns the pace from every
+#: process's sends. As in one process (whose count starts at the scope's
+#: first refusal, LearnedRate being made then), only the sends since the
+#: scope's first refusal count: the first teaches nothing, so that one 429
+#: (at a crawl's start, or of one page) does not set a pace from a count
+#: that says nothing of the server's window. Returns ``{0, now}`` (another
+#: process learns from this episode) or ``{1, now, accepted}``: the sends
+#: over the period before the refused one, since the count's start, minus
+#: the refusals since, of every process (as LearnedRate.count_accepted
+#: counts its own).
 REFUSE_SCRIPT = (
     _NOW_PREAMBLE
     + """
@@ -245,6 +251,8 @@ if own then
   sent = tonumber(own)
   age = now - sent
 end
+local start = tonumber(redis.call('GET', KEYS[4]) or now)
+redis.call('SET', KEYS[4], string.format('%.0f', start), 'PX', tonumber(ARGV[5]))
 local since = sent - period
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - SENDS_KEEP_US)
 local refused = redis.call('ZCOUNT', KEYS[2], since, '+inf')
@@ -255,7 +263,7 @@ local claimed = redis.call('SET', KEYS[3], stamp, 'NX', 'PX',
                            math.max(1, math.floor(period / 1000)))
 if not claimed then return {0, stamp} end
 local before = '(' .. string.format('%.0f', sent)
-local accepted = redis.call('ZCOUNT', KEYS[1], since, before)
+local accepted = redis.call('ZCOUNT', KEYS[1], math.max(since, start), before)
 accepted = accepted - refused
 if age < 0 then accepted = accepted - 1 end
 if accepted < 0 then accepted = 0 end

@@ -54,6 +54,44 @@ class Process:
         """A 429 for this process's last send."""
         self.scope.record_rate_limited(time.monotonic(), self.sent[-1])
 
+    def start_the_count(self) -> None:
+        """The scope's first 429 (which only starts the count of sends a
+        later one learns from), then a new episode."""
+        self.send()
+        self.refused()
+        time.sleep(1.05)
+
+
+def test_the_first_refusal_of_a_scope_only_starts_the_count(redis_server, prefix):
+    """As in one process: one 429 (of one page, or at a crawl's start) sets
+    no pace; the next episode learns from every process's sends since."""
+    first, second = Process(redis_server, prefix), Process(redis_server, prefix)
+    for _ in range(5):
+        first.send()
+        second.send()
+    first.refused()
+    assert first.scope.learned is not None
+    assert first.scope.learned.interval == 0.0
+    assert first.scope.learned.refusal_count == 1
+    client = redis_server.client()
+    assert client.get(f"{prefix}:pace:api") is None
+    assert 3_500_000 < client.pttl(f"{prefix}:counted:api") <= 3_600_000
+    second.send()  # no pace to take over
+    assert second.scope.learned is None
+    time.sleep(1.05)  # a new episode
+    for _ in range(3):
+        first.send()
+        second.send()
+    second.refused()
+    learned = second.scope.learned
+    assert learned is not None
+    # The 6 sends since the first refusal, minus none refused in the
+    # second before the counted send (the first refusal is older).
+    assert learned.accepted == 5
+    assert learned.interval == pytest.approx(1.02 / 5)
+    first.send()
+    assert first.scope.learned.interval == learned.interval
+
 
 @pytest.fixture
 def prefix() -> str:
@@ -62,6 +100,7 @@ def prefix() -> str:
 
 def test_a_refusal_learns_from_every_process_sends(redis_server, prefix):
     first, second = Process(redis_server, prefix), Process(redis_server, prefix)
+    first.start_the_count()
     for _ in range(6):
         assert first.send() == 0.0
     for _ in range(4):
@@ -74,7 +113,8 @@ def test_a_refusal_learns_from_every_process_sends(redis_server, prefix):
     assert learned.accepted == 9
     assert learned.interval == pytest.approx(1.02 / 9)
     # The other process takes the pace over with its next check.
-    assert first.scope.learned is None
+    assert first.scope.learned is not None
+    assert first.scope.learned.interval == 0.0
     first.send()
     assert first.scope.learned is not None
     assert first.scope.learned.interval == learned.interval
@@ -83,6 +123,7 @@ def test_a_refusal_learns_from_every_process_sends(redis_server, prefix):
 
 def test_one_process_learns_per_episode(redis_server, prefix):
     first, second = Process(redis_server, prefix), Process(redis_server, prefix)
+    first.start_the_count()
     for _ in range(5):
         first.send()
         second.send()
@@ -99,12 +140,14 @@ def test_one_process_learns_per_episode(redis_server, prefix):
     second.send()  # the check brings the pace learned by the first
     assert second.scope.learned.interval == interval
     client = redis_server.client()
-    assert client.zcard(f"{prefix}:refused:api") == 2
+    # Both refusals of this episode, and the first one (kept 2 s).
+    assert client.zcard(f"{prefix}:refused:api") == 3
     assert 0 < client.pttl(f"{prefix}:pace:api") <= 3_600_000
 
 
 def test_the_pace_spaces_the_sends_of_every_process(redis_server, prefix):
     first, second = Process(redis_server, prefix), Process(redis_server, prefix)
+    first.start_the_count()
     for _ in range(10):
         first.send()
     first.refused()  # 9 accepted: one send per 1.02 / 9 = 0.113 s
@@ -134,6 +177,7 @@ def test_the_pace_spaces_the_sends_of_every_process(redis_server, prefix):
 
 def test_without_redis_each_process_keeps_its_share(own_redis_server, prefix):
     process = Process(own_redis_server, prefix, processes=2)
+    process.start_the_count()
     for _ in range(10):
         process.send()
     process.refused()
@@ -155,7 +199,7 @@ def test_without_redis_each_process_keeps_its_share(own_redis_server, prefix):
     for _ in range(4):
         process.send()
     process.scope.record_rate_limited(process.sent[-1] + 1.5, process.sent[-1])
-    assert learned.refusal_count == 2
+    assert learned.refusal_count == 3  # with the one that started the count
     assert learned.interval == pytest.approx(interval * 1.02)
 
 
