@@ -413,6 +413,43 @@ def test_a_backoff_hold_holds_every_process(
 
 
 @pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "independent"])
+def test_one_429_sets_no_pace(simhosts, redis_server, shared, reactor, tmp_path):
+    """One 429 of one page, a tenth of a second into the crawl, holds the
+    host but sets no pace, with Redis as without: a pace is learned from the
+    sends since the scope's first 429. Before, the shared count learned at
+    once from the few requests sent by then, and paced both processes at a
+    few requests a second until a probe 30 windows later."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
+    pages = 30
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    configs = [
+        process_config(
+            hosts,
+            index,
+            pages,
+            redis_url=redis_server.url if shared else None,
+            prefix=prefix,
+            reactor=reactor,
+            RETRY_TIMES=0,
+        )
+        for index in range(2)
+    ]
+    configs[0]["urls"][3] += "?status=429&header=Retry-After:1"
+    processes = start_together(configs, tmp_path)
+    outcomes = [finish(process) for process in processes]
+    for outcome in outcomes:
+        assert outcome["unanswered"] == []
+        assert len(outcome["responses"]) + len(outcome["failures"]) == pages
+        assert "throttling/rate_limit/learned_count" not in outcome["stats"]
+    assert outcomes[0]["stats"]["throttling/backoff/status/429_count"] == 1
+    statuses = [record[3] for record in hosts.stats("A")["arrivals"]]
+    assert statuses.count(429) == 1
+    if shared:
+        assert redis_server.client().get(f"{prefix}:pace:{hosts.netloc('A')}") is None
+
+
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
