@@ -353,6 +353,39 @@ def _peak(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def crawl_with_one_429(
+    hosts: Any, redis_url: str | None, reactor: str, directory: Path, **settings: Any
+) -> list[dict[str, Any]]:
+    """Two processes of 30 pages each on host A, started together; the
+    fourth page of the first is answered ``429`` with ``Retry-After: 1``.
+    Checks that each ran on *reactor* and had every page answered; returns
+    their outcomes, each with the ``settings`` it crawled with."""
+    pages = 30
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    configs = [
+        process_config(
+            hosts,
+            index,
+            pages,
+            redis_url=redis_url,
+            prefix=prefix,
+            reactor=reactor,
+            **settings,
+        )
+        for index in range(2)
+    ]
+    configs[0]["urls"][3] += "?status=429&header=Retry-After:1"
+    outcomes = [finish(process) for process in start_together(configs, directory)]
+    for outcome, config in zip(outcomes, configs, strict=True):
+        assert outcome["reactor"].endswith(
+            "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
+        )
+        assert outcome["unanswered"] == []
+        assert len(outcome["responses"]) + len(outcome["failures"]) == pages
+        outcome["settings"] = config["settings"]
+    return outcomes
+
+
 @pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
 @pytest.mark.parametrize("shared", [True, False], ids=["shared", "independent"])
 def test_a_backoff_hold_holds_every_process(
@@ -367,30 +400,8 @@ def test_a_backoff_hold_holds_every_process(
     control then fails, and the shared case checks only the refused
     process's own hold)."""
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
-    pages = 30
-    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    configs = [
-        process_config(
-            hosts,
-            index,
-            pages,
-            redis_url=redis_server.url if shared else None,
-            prefix=prefix,
-            reactor=reactor,
-            RETRY_TIMES=1,
-            BACKOFF_JITTER=0,
-        )
-        for index in range(2)
-    ]
-    configs[0]["urls"][3] += "?status=429&header=Retry-After:1"
-    processes = start_together(configs, tmp_path)
-    outcomes = [finish(process) for process in processes]
-    for outcome in outcomes:
-        assert outcome["reactor"].endswith(
-            "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
-        )
-        assert outcome["unanswered"] == []
-        assert len(outcome["responses"]) + len(outcome["failures"]) == pages
+    url = redis_server.url if shared else None
+    crawl_with_one_429(hosts, url, reactor, tmp_path, RETRY_TIMES=1, BACKOFF_JITTER=0)
     stats = hosts.stats("A")
     intervals = service_intervals(stats)
     refusals = [
@@ -421,31 +432,15 @@ def test_one_429_sets_no_pace(simhosts, redis_server, shared, reactor, tmp_path)
     once from the few requests sent by then, and paced both processes at a
     few requests a second until a probe 30 windows later."""
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.05})
-    pages = 30
-    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    configs = [
-        process_config(
-            hosts,
-            index,
-            pages,
-            redis_url=redis_server.url if shared else None,
-            prefix=prefix,
-            reactor=reactor,
-            RETRY_TIMES=0,
-        )
-        for index in range(2)
-    ]
-    configs[0]["urls"][3] += "?status=429&header=Retry-After:1"
-    processes = start_together(configs, tmp_path)
-    outcomes = [finish(process) for process in processes]
+    url = redis_server.url if shared else None
+    outcomes = crawl_with_one_429(hosts, url, reactor, tmp_path, RETRY_TIMES=0)
     for outcome in outcomes:
-        assert outcome["unanswered"] == []
-        assert len(outcome["responses"]) + len(outcome["failures"]) == pages
         assert "throttling/rate_limit/learned_count" not in outcome["stats"]
     assert outcomes[0]["stats"]["throttling/backoff/status/429_count"] == 1
     statuses = [record[3] for record in hosts.stats("A")["arrivals"]]
     assert statuses.count(429) == 1
     if shared:
+        prefix = outcomes[0]["settings"]["THROTTLING_STATE_PREFIX"]
         assert redis_server.client().get(f"{prefix}:pace:{hosts.netloc('A')}") is None
 
 

@@ -85,8 +85,8 @@ def test_the_first_refusal_of_a_scope_only_starts_the_count(redis_server, prefix
     second.refused()
     learned = second.scope.learned
     assert learned is not None
-    # The 6 sends since the first refusal, minus none refused in the
-    # second before the counted send (the first refusal is older).
+    # Both processes' 5 sends before the refused one (the second's last);
+    # the first refusal is more than a second older, so not subtracted.
     assert learned.accepted == 5
     assert learned.interval == pytest.approx(1.02 / 5)
     first.send()
