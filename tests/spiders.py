@@ -231,7 +231,9 @@ class FollowSpider(PagesSpider):
     requests from the callback (``/follow/<depth left>/<id>`` paths, so that
     nothing is queued at start but the seeds). Children go to the seed's host,
     or round-robin to ``child_hosts`` (base URLs) when given; ``child_query``
-    is appended to every child URL (e.g. ``"delay=0.05"`` or ``"status=503"``).
+    is appended to every child URL (e.g. ``"delay=0.05"`` or ``"status=503"``),
+    and ``child_queries`` (page id to query) to the pages it names, instead
+    (e.g. ``{"0.1": "status=429"}``: one page the host always refuses).
     With ``block_at`` (a count of responses), the callback of that response
     blocks the event loop for ``block_seconds`` (``time.sleep``), as a spider
     doing blocking work in a callback does.
@@ -253,6 +255,7 @@ class FollowSpider(PagesSpider):
         child_hosts: Sequence[str] | None = None,
         child_query: str = "",
         *,
+        child_queries: dict[str, str] | None = None,
         block_at: int = 0,
         block_seconds: float = 0.0,
         **kwargs: Any,
@@ -264,6 +267,7 @@ class FollowSpider(PagesSpider):
         self.fanout = fanout
         self.child_hosts = list(child_hosts or [])
         self.child_query = child_query
+        self.child_queries = dict(child_queries or {})
         self.block_at = block_at
         self.block_seconds = block_seconds
 
@@ -283,9 +287,8 @@ class FollowSpider(PagesSpider):
                 child_base = self.child_hosts[
                     sum(map(ord, child_id)) % len(self.child_hosts)
                 ]
-            children.append(
-                self._page_url(child_base, depth_left - 1, child_id, self.child_query)
-            )
+            query = self.child_queries.get(child_id, self.child_query)
+            children.append(self._page_url(child_base, depth_left - 1, child_id, query))
         return children
 
     def expected_urls(self) -> set[str]:
