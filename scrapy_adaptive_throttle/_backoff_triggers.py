@@ -152,14 +152,21 @@ class BackoffTriggers:
         self._applied(adapter, seconds, "delay_scope", now, server_delay=False)
 
     def record_rate_limited(
-        self, backoff: BackoffData, now: float, sent_at: float | None
+        self,
+        backoff: BackoffData,
+        now: float,
+        sent_at: float | None,
+        *,
+        again: bool = False,
     ) -> None:
         """Tell the scopes that backed off on a 429 that they were refused
         for their rate, with when the request was sent, so they can learn
-        the pace the server accepts."""
+        the pace the server accepts. *again*: the request was refused
+        before (this is a retry of it), which counts the refusal but
+        teaches no pace."""
         scopes = backoff.keys() if isinstance(backoff, dict) else iter_scopes(backoff)
         for scope_id in list(scopes):
-            self.registry.get(scope_id).record_rate_limited(now, sent_at)
+            self.registry.get(scope_id).record_rate_limited(now, sent_at, again=again)
 
     def _applied(
         self,

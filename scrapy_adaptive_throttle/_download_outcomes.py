@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from scrapy.utils.python import global_object_name
 
 from ._decisions import responding
+from ._meta_keys import REFUSED_META_KEY
 from ._types import BackoffData, dont_track
 
 if TYPE_CHECKING:
@@ -91,8 +92,15 @@ class DownloadOutcomes:
             with responding(response):  # names the header of a hold in the log
                 self._manager.apply_backoff(backoff, now=now, cause=f"status/{status}")
             if status == 429:
+                # A retry of a request refused before, refused again: a page
+                # the server always refuses, not evidence of its rate (the
+                # mark follows the request into its retries' copies).
+                again = False
+                if request is not None:
+                    again = bool(request.meta.get(REFUSED_META_KEY))
+                    request.meta[REFUSED_META_KEY] = True
                 self._backoff.record_rate_limited(
-                    backoff, now, self._gate.sent_at(request)
+                    backoff, now, self._gate.sent_at(request), again=again
                 )
         self._gate.record_response(request, status, now)
 

@@ -50,6 +50,10 @@ DELAYED_META_KEY = "_throttling_delayed"
 #: When the request's :reqmeta:`throttling_delay` ends, in wall-clock seconds
 #: (so that a crawl paused and resumed with ``JOBDIR`` still holds it).
 DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
+#: The request was answered ``429`` before: a retry of it that is refused
+#: again holds its scopes but teaches them no pace (a page the server always
+#: refuses says nothing of its rate).
+REFUSED_META_KEY = "_throttling_refused"
 
 
 def dont_track(meta: dict[str, Any]) -> bool:

@@ -227,7 +227,9 @@ return {1, 0, stamp, unpack(limits)}
 #: unknown), the period the server counts over (µs), a token for the
 #: refusal, the lease token of the refused send ("": unknown; its score in
 #: the sends is its exact send time, else the age estimates it), how long
-#: the count's start is kept (ms). A refusal for too many requests (429):
+#: the count's start is kept (ms), 1 to learn from the refusal or 0 to only
+#: count it (a retry of a request refused before: ``{0, now}``, never the
+#: refusal of an episode's claim). A refusal for too many requests (429):
 #: recorded, and the first of its episode (no other one for a period) is
 #: claimed for the asking process, which learns the pace from every
 #: process's sends. As in one process (whose count starts at the scope's
@@ -259,6 +261,7 @@ local refused = redis.call('ZCOUNT', KEYS[2], since, '+inf')
 redis.call('ZADD', KEYS[2], now, ARGV[3])
 redis.call('PEXPIRE', KEYS[2], SENDS_KEEP_US / 1000)
 local stamp = string.format('%.0f', now)
+if ARGV[6] == '0' then return {0, stamp} end
 local claimed = redis.call('SET', KEYS[3], stamp, 'NX', 'PX',
                            math.max(1, math.floor(period / 1000)))
 if not claimed then return {0, stamp} end

@@ -188,13 +188,21 @@ class Scope:
             learned = self.learned = LearnedRate(window=self.config.backoff.window)
         return learned
 
-    def record_rate_limited(self, now: float, sent_at: float | None) -> None:
-        """Learn the scope's pace from a refusal for too many requests (429)."""
+    def record_rate_limited(
+        self, now: float, sent_at: float | None, *, refused_before: bool = False
+    ) -> None:
+        """Learn the scope's pace from a refusal for too many requests (429);
+        one of a request *refused_before* is only counted."""
         learned = self._learned_rate()
         before = learned.interval
         # What each probe will cost: this refusal's hold (its Retry-After).
         hold = self.backoff.hold_until - now
         shared = self.shared_pace
+        if refused_before:
+            if shared is not None:
+                shared.refuse(now, sent_at, learn=False)
+            learned.record_echo(now)
+            return
         refusal = None if shared is None else shared.refuse(now, sent_at)
         if refusal is None:
             interval = learned.refuse(now, sent_at, hold)

@@ -167,9 +167,18 @@ class ScopeAdapter:
         if record is not None:
             record(latency, status, now)
 
-    def record_rate_limited(self, now: float, sent_at: float | None) -> None:
+    def record_rate_limited(
+        self, now: float, sent_at: float | None, *, again: bool = False
+    ) -> None:
+        """Report a 429; *again* (a retry refused again) is dropped for a
+        scope manager that predates the argument, which learns from it as
+        from any other refusal."""
         record = self._optional("record_rate_limited")
-        if record is not None:
+        if record is None:
+            return
+        if again and _accepts_keyword(record, "refused_before"):
+            record(now, sent_at, refused_before=True)
+        else:
             record(now, sent_at)
 
     def reconcile_quota(

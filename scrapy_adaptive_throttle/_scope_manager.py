@@ -214,7 +214,11 @@ class ThrottlingScopeManager:
         return self.scope.backoff_wait(now)
 
     def record_rate_limited(
-        self, now: float | None = None, sent_at: float | None = None
+        self,
+        now: float | None = None,
+        sent_at: float | None = None,
+        *,
+        refused_before: bool = False,
     ) -> None:
         """Learn the scope's pace from a refusal for too many requests (429).
 
@@ -226,8 +230,18 @@ class ThrottlingScopeManager:
         after each quiet window. With rampup, the pace is a floor under
         rampup's delay: rampup still sets the concurrency and slows down
         past it, and reaches the limit as soon as the pace is learned.
+
+        *refused_before*: the request was answered ``429`` before (this is
+        a retry of it). Its refusal is counted (it was not accepted) but
+        teaches no pace: a page the server always refuses says nothing of
+        the rate it allows, and a pace learned from its retry would cap the
+        scope at whatever rate it had reached by then.
         """
-        self.scope.record_rate_limited(self._now() if now is None else now, sent_at)
+        self.scope.record_rate_limited(
+            self._now() if now is None else now,
+            sent_at,
+            refused_before=refused_before,
+        )
 
     def set_delay_floor(self, delay: float) -> None:
         """Never space two sends closer than *delay* seconds, whatever the

@@ -115,11 +115,15 @@ class SharedPace:
         learned = None if scope is None else scope.learned
         return 0.0 if learned is None else learned.interval
 
-    def refuse(self, now: float, sent_at: float | None) -> Refusal | None:
+    def refuse(
+        self, now: float, sent_at: float | None, *, learn: bool = True
+    ) -> Refusal | None:
         """Record a 429 of this scope in Redis (*sent_at*: when the refused
         request was sent, on the clock of *now*); ``None`` when Redis is
-        lost (learn from this process's own sends)."""
-        return self._paces.refuse(self, now, sent_at)
+        lost (learn from this process's own sends). *learn* ``False`` (the
+        retry of a request refused before): counted, never the refusal an
+        episode is learned from."""
+        return self._paces.refuse(self, now, sent_at, learn=learn)
 
     def publish(self, state: LearnedState, refusal: Refusal) -> None:
         """Publish what the refusal *refusal* taught this process."""
@@ -199,7 +203,7 @@ class SharedPaces:
             pace.adopt(_decode(value), server_now)
 
     def refuse(
-        self, pace: SharedPace, now: float, sent_at: float | None
+        self, pace: SharedPace, now: float, sent_at: float | None, *, learn: bool = True
     ) -> Refusal | None:
         connection = self.connection
         if not connection.sharing:
@@ -220,6 +224,7 @@ class SharedPaces:
             f"r{id(self):x}:{self._refusals}",
             token,
             round(PACE_TTL * 1000),
+            1 if learn else 0,
         ]
         try:
             answer = connection._call(self._refuse, keys, args)

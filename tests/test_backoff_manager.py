@@ -460,6 +460,48 @@ async def test_no_debug_log_without_throttling_debug(caplog: Any) -> None:
     assert caplog.records == []
 
 
+# -- the pace learned from 429s ---------------------------------------------------
+
+
+@deferred_f_from_coro_f
+async def test_a_retry_refused_again_teaches_no_pace() -> None:
+    """A page the server always refuses: its retry's 429 holds the scope and
+    counts as a refusal, but sets no pace from the rate reached by then
+    (which would cap the scope until probes, windows later). A refusal of
+    another request still learns, with the retry's refusal taken out of
+    the count."""
+    manager, clock = make_manager(THROTTLING_SCOPE_MANAGER=_PLAIN)
+    scope = manager.get_scope_manager(SCOPE)
+    refused = Response(
+        URL, status=429, headers={"Retry-After": "1"}, request=Request(URL)
+    )
+    await manager.process_response(refused)  # the count starts
+    assert refused.request.meta["_throttling_refused"] is True
+    for step in range(10):
+        clock.now = 1.5 + step * 0.05
+        scope.record_sent(clock.now)
+    clock.now = 2.0
+    # RetryMiddleware's copy of the refused request, refused again.
+    retry = refused.request.copy()
+    await manager.process_response(
+        Response(URL, status=429, headers={"Retry-After": "1"}, request=retry)
+    )
+    assert state(manager)["learned_interval"] == 0.0
+    assert "throttling/rate_limit/learned_count" not in stats(manager)
+    assert stats(manager)["throttling/backoff/status/429_count"] == 2
+    assert can_send(manager, 2.5) > 0  # its Retry-After holds the scope
+    clock.now = 2.1
+    await manager.process_response(response(429, {"Retry-After": "1"}))
+    # 10 sends in the second before, minus the retry's refusal and the
+    # refused request's own send (its send time unknown here).
+    assert state(manager)["learned_accepted"] == 8
+    assert state(manager)["learned_interval"] == pytest.approx(1.02 / 8)
+    assert stats(manager)["throttling/rate_limit/learned_count"] == 1
+
+
+_PLAIN = "scrapy_adaptive_throttle.ThrottlingScopeManager"
+
+
 # -- the chapter's extension points --------------------------------------------------
 
 

@@ -73,3 +73,49 @@ async def test_an_api_limit_is_learned_from_its_429s(simhosts, reactor):
     pace = (len(longest) - 1) / (longest[-1] - longest[0])
     # (a sliding window lets a long stretch run a little over the rate)
     assert 0.9 * RATE <= pace <= 1.02 * RATE
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_a_page_always_refused_teaches_no_pace(simhosts, reactor):
+    """One page of a host without a rate limit answers every request with
+    ``429`` + ``Retry-After: 1``, and its retries go first
+    (``RETRY_PRIORITY_ADJUST = 0``), while the rest of the crawl is found
+    from callbacks. Each refusal holds the host (read at the server), but
+    none teaches a pace: the first only starts the count, and the retries'
+    are of a request refused before. Before, the first retry's refusal
+    learned the rate the crawl had reached by then, about 150 requests/s
+    where the crawl ran at 200, for the rest of the crawl."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.02})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+            "CONCURRENT_REQUESTS": 64,
+            "RETRY_PRIORITY_ADJUST": 0,
+            "BACKOFF_JITTER": 0,
+        },
+        [hosts.url("A")],
+        depth=3,
+        fanout=8,  # 1 + 8 + 64 + 512 pages, all but one from callbacks
+        child_queries={"0.7": "status=429&header=Retry-After:1"},
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) + len(result["failures"]) == 585
+    stats = result["stats"]
+    assert stats["throttling/backoff/status/429_count"] == 3  # page, 2 retries
+    assert "throttling/rate_limit/learned_count" not in stats
+    arrivals = hosts.stats("A")["arrivals"]
+    assert len(arrivals) == 587
+    # (arrival, answer) of each refusal, on the server's clock.
+    refusals = [
+        (record[0], record[0] + record[4]) for record in arrivals if record[3] == 429
+    ]
+    assert len(refusals) == 3
+    # Each refusal held the host for its Retry-After (a margin for sends
+    # already decided when it was answered).
+    for _, answered in refusals:
+        held = [r[0] for r in arrivals if answered + 0.05 < r[0] < answered + 0.95]
+        assert held == [], (answered, held[:5])

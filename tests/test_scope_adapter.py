@@ -40,6 +40,9 @@ class OlderSignatures(RequiredOnly):
     def set_base_delay(self, delay):
         self.calls.append(("set_base_delay", (delay,), {}))
 
+    def record_rate_limited(self, now=None, sent_at=None):
+        self.calls.append(("record_rate_limited", (now, sent_at), {}))
+
 
 def test_a_scope_manager_with_the_required_methods_only_gets_defaults():
     manager = RequiredOnly()
@@ -75,9 +78,12 @@ def test_keywords_an_older_scope_manager_lacks_are_not_passed():
     adapter = ScopeAdapter("a.example", manager)
     assert adapter.record_backoff(3.0, 1.0, cap=False) is True
     adapter.set_base_delay(2.0, only_increase=False)
+    # A retry refused again is reported as any refusal (the manager decides).
+    adapter.record_rate_limited(4.0, 3.5, again=True)
     assert manager.calls == [
         ("record_backoff", (), {"delay": 3.0, "now": 1.0}),
         ("set_base_delay", (2.0,), {}),
+        ("record_rate_limited", (4.0, 3.5), {}),
     ]
 
 

@@ -50,9 +50,12 @@ class Process:
         self.sent.append(now)
         return 0.0
 
-    def refused(self) -> None:
-        """A 429 for this process's last send."""
-        self.scope.record_rate_limited(time.monotonic(), self.sent[-1])
+    def refused(self, *, again: bool = False) -> None:
+        """A 429 for this process's last send (*again*: a retry of a request
+        refused before)."""
+        self.scope.record_rate_limited(
+            time.monotonic(), self.sent[-1], refused_before=again
+        )
 
     def start_the_count(self) -> None:
         """The scope's first 429 (which only starts the count of sends a
@@ -89,6 +92,29 @@ def test_the_first_refusal_of_a_scope_only_starts_the_count(redis_server, prefix
     # the first refusal is more than a second older, so not subtracted.
     assert learned.accepted == 5
     assert learned.interval == pytest.approx(1.02 / 5)
+    first.send()
+    assert first.scope.learned.interval == learned.interval
+
+
+def test_a_retry_refused_again_is_counted_not_learned_from(redis_server, prefix):
+    """As in one process: the 429 of a request refused before (a page the
+    server always refuses) neither learns nor claims its episode, and the
+    next refusal, of any process, learns with it taken out of the count."""
+    first, second = Process(redis_server, prefix), Process(redis_server, prefix)
+    first.start_the_count()
+    for _ in range(5):
+        first.send()
+        second.send()
+    first.refused(again=True)
+    assert first.scope.learned is not None
+    assert first.scope.learned.interval == 0.0
+    assert redis_server.client().get(f"{prefix}:pace:api") is None
+    second.refused()
+    learned = second.scope.learned
+    assert learned is not None
+    # The 9 sends before the second's last, minus the retry's refusal.
+    assert learned.accepted == 8
+    assert learned.interval == pytest.approx(1.02 / 8)
     first.send()
     assert first.scope.learned.interval == learned.interval
 
