@@ -36,6 +36,7 @@ __all__ = [
     "limit_changed",
     "log_decision",
     "record_backoff_decision",
+    "refused_again",
     "responding",
 ]
 
@@ -54,6 +55,8 @@ TRACKED_SCOPES = 10_000
 _RESPONSE: ContextVar[Response | None] = ContextVar(
     "_THROTTLING_RESPONSE", default=None
 )
+#: Whether that response refuses (429) a request refused before.
+_AGAIN: ContextVar[bool] = ContextVar("_THROTTLING_REFUSED_AGAIN", default=False)
 #: The cause of each scope manager's last backoff.
 _CAUSES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _LOGS: weakref.WeakKeyDictionary[Crawler, DecisionLog] = weakref.WeakKeyDictionary()
@@ -160,13 +163,23 @@ def log_decision(
 
 
 @contextmanager
-def responding(response: Response) -> Iterator[None]:
-    """Within the block, backoff decisions come from *response*."""
+def responding(response: Response, *, again: bool = False) -> Iterator[None]:
+    """Within the block, backoff decisions come from *response*; *again*:
+    it refuses (429) a request that was refused before."""
     token = _RESPONSE.set(response)
+    again_token = _AGAIN.set(again)
     try:
         yield
     finally:
+        _AGAIN.reset(again_token)
         _RESPONSE.reset(token)
+
+
+def refused_again() -> bool:
+    """Whether the backoff being applied is for a ``429`` of a request that
+    was refused before (its retry): it holds the scope, but says nothing
+    new of the host's load."""
+    return _AGAIN.get()
 
 
 def hold_header(response: Response | None) -> str | None:

@@ -89,16 +89,17 @@ class DownloadOutcomes:
         finally:
             _RESPONSE_REQUEST.reset(token)
         if backoff is not None:
-            with responding(response):  # names the header of a hold in the log
+            # A retry of a request refused before, refused again: a page the
+            # server always refuses, not evidence of its rate or load (the
+            # mark follows the request into its retries' copies).
+            again = False
+            if status == 429 and request is not None:
+                again = bool(request.meta.get(REFUSED_META_KEY))
+                request.meta[REFUSED_META_KEY] = True
+            # (names the header of a hold in the log)
+            with responding(response, again=again):
                 self._manager.apply_backoff(backoff, now=now, cause=f"status/{status}")
             if status == 429:
-                # A retry of a request refused before, refused again: a page
-                # the server always refuses, not evidence of its rate (the
-                # mark follows the request into its retries' copies).
-                again = False
-                if request is not None:
-                    again = bool(request.meta.get(REFUSED_META_KEY))
-                    request.meta[REFUSED_META_KEY] = True
                 self._backoff.record_rate_limited(
                     backoff, now, self._gate.sent_at(request), again=again
                 )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ._algorithms import LearnedRate
 from ._algorithms.concurrency import ConcurrencyLimit, RampupChange, RampupLimit
+from ._decisions import refused_again
 from ._scope_state import ScopeCounters, ScopeParts, ScopeState, snapshot
 
 if TYPE_CHECKING:
@@ -172,7 +173,8 @@ class Scope:
         # The new spacing counts from now (the answer), not from the send
         # that earned it, so the next request waits the whole backed-off delay.
         self.gate.push_back(now + backoff.delay)
-        self.limit.on_overload(now)
+        if not refused_again():
+            self.limit.on_overload(now)
         self._answer_counted = True
 
     def backoff_wait(self, now: float) -> float:

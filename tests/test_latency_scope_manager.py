@@ -237,6 +237,33 @@ def test_overload_halves_the_limit_and_pauses_for_retry_after() -> None:
     assert scope_manager(manager).latency_limit.overload_count == len(result.overloads)
 
 
+@deferred_f_from_coro_f
+async def test_a_retry_refused_again_does_not_halve_the_limit() -> None:
+    """A 429 halves the limit, but the 429 of a retry of a request refused
+    before (a page the server always refuses) only holds the scope: it says
+    nothing new of the host's load."""
+    manager, clock = make_manager(THROTTLING_LATENCY_INITIAL_CONCURRENCY=16)
+    url = f"https://{SCOPE}/always-refused"
+    headers = {"Retry-After": "1"}
+    first = Response(url, status=429, headers=headers, request=Request(url))
+    await manager.process_response(first)
+    limit = scope_manager(manager).latency_limit
+    assert (limit.limit, limit.overload_count) == (8, 1)
+    clock.now = 1.5
+    retry = first.request.copy()  # as RetryMiddleware retries it
+    await manager.process_response(
+        Response(url, status=429, headers=headers, request=retry)
+    )
+    assert (limit.limit, limit.overload_count) == (8, 1)
+    assert scope_manager(manager).can_send(2.0) > 0  # held all the same
+    clock.now = 3.0
+    other = f"https://{SCOPE}/other"
+    await manager.process_response(
+        Response(other, status=429, headers=headers, request=Request(other))
+    )
+    assert (limit.limit, limit.overload_count) == (4, 2)
+
+
 def test_permanent_slowdown_becomes_the_new_baseline() -> None:
     manager, _ = make_manager(THROTTLING_LATENCY_WINDOW=2.0)
     host = SimulatedHost(

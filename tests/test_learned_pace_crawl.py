@@ -114,8 +114,9 @@ async def test_a_page_always_refused_teaches_no_pace(simhosts, reactor):
         (record[0], record[0] + record[4]) for record in arrivals if record[3] == 429
     ]
     assert len(refusals) == 3
-    # Each refusal held the host for its Retry-After (a margin for sends
-    # already decided when it was answered).
+    # Each refusal held the host for its Retry-After, after a margin for the
+    # sends already decided when the 429 reached the crawler (0.08 s seen on
+    # a busy asyncio reactor; without the hold, ~200 requests a second).
     for _, answered in refusals:
-        held = [r[0] for r in arrivals if answered + 0.05 < r[0] < answered + 0.95]
+        held = [r[0] for r in arrivals if answered + 0.2 < r[0] < answered + 0.95]
         assert held == [], (answered, held[:5])
