@@ -89,21 +89,33 @@ class DownloadOutcomes:
         finally:
             _RESPONSE_REQUEST.reset(token)
         if backoff is not None:
-            # A retry of a request refused before, refused again: a page the
-            # server always refuses, not evidence of its rate or load (the
-            # mark follows the request into its retries' copies).
+            # A retry answered as its request was before (a page the server
+            # always refuses or fails) is not a new trigger: nothing new of
+            # the host's load or rate, only the server's hold if it gives one
+            # (the mark follows the request into its retries' copies).
             again = False
-            if status == 429 and request is not None:
+            if status >= 400 and request is not None:
                 again = bool(request.meta.get(REFUSED_META_KEY))
                 request.meta[REFUSED_META_KEY] = True
-            # (names the header of a hold in the log)
-            with responding(response, again=again):
-                self._manager.apply_backoff(backoff, now=now, cause=f"status/{status}")
+            applied = _holds_only(backoff) if again else backoff
+            if again:
+                self._count_repeated()
+            if applied is not None:
+                # (names the header of a hold in the log)
+                with responding(response, again=again):
+                    self._manager.apply_backoff(
+                        applied, now=now, cause=f"status/{status}"
+                    )
             if status == 429:
                 self._backoff.record_rate_limited(
                     backoff, now, self._gate.sent_at(request), again=again
                 )
         self._gate.record_response(request, status, now)
+
+    def _count_repeated(self) -> None:
+        stats = self._manager.crawler.stats
+        if stats is not None:
+            stats.inc_value("throttling/backoff/repeated_count")
 
     async def process_exception(
         self, request: Request, exception: BaseException
@@ -116,3 +128,22 @@ class DownloadOutcomes:
                 now=self._gate.clock(),
                 cause=f"exception/{global_object_name(type(exception))}",
             )
+
+
+def _holds_only(backoff: BackoffData) -> BackoffData:
+    """What of *backoff* still applies to a retry answered as its request
+    was before: the server-given holds and quota reports of its scopes,
+    not the exponential steps (``None``: nothing)."""
+    if not isinstance(backoff, dict):
+        return None
+    kept = {
+        scope: entry
+        for scope, entry in backoff.items()
+        if isinstance(entry, dict)
+        and (
+            entry.get("delay") is not None
+            or entry.get("consumed") is not None
+            or entry.get("remaining") is not None
+        )
+    }
+    return kept or None

@@ -154,6 +154,12 @@ class Scope:
         """Apply a backoff trigger (see ``ThrottlingScopeManager.record_backoff``)."""
         self.counters.last_seen = now
         backoff = self.backoff
+        if refused_again():
+            # Not a new trigger (a retry answered as the request was before):
+            # the server's hold only, if it gave one.
+            if delay is not None:
+                backoff.hold(now, delay, cap=cap)
+            return
         if backoff.level:
             # Quiet windows that ended since the last send count before the
             # trigger (trigger() would apply them too, but unseen).
@@ -173,8 +179,7 @@ class Scope:
         # The new spacing counts from now (the answer), not from the send
         # that earned it, so the next request waits the whole backed-off delay.
         self.gate.push_back(now + backoff.delay)
-        if not refused_again():
-            self.limit.on_overload(now)
+        self.limit.on_overload(now)
         self._answer_counted = True
 
     def backoff_wait(self, now: float) -> float:

@@ -23,6 +23,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.httpobj import urlparse_cached
 
 from scrapy_adaptive_throttle import ThrottlingManager
+from tests.engine_crawls import REACTORS, crawl_follow
 from tests.spiders import PagesSpider, run_crawl
 
 # Every crawl runs twice: URLs queued at start, and yielded from a callback.
@@ -444,3 +445,47 @@ async def test_custom_backoff_and_response_delay(simhosts):
     throttler = crawler.throttler
     assert throttler.get_scope_state("quota")["backoff_count"] == 3
     assert throttler.get_scope_state(hosts.netloc("api"))["backoff_count"] == 1
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_a_page_that_always_fails_steps_the_delay_once(simhosts, reactor):
+    """One page of a link tree found from callbacks answers every request
+    ``502`` (no ``Retry-After``); Scrapy retries it twice, at once
+    (``RETRY_PRIORITY_ADJUST = 0``). Its first answer steps the host's
+    delay to 1 s; its retries' answers are not new triggers. Read at the
+    server: the host is spaced by 1 s, never by 2 or 4 s (which the
+    retries' steps made: 3 windows of recovery instead of one, 189 s
+    instead of 9 for one such page in ``bench/refused_page.py``)."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+            "RETRY_PRIORITY_ADJUST": 0,
+            "BACKOFF_JITTER": 0,
+            "BACKOFF_WINDOW": 2.0,
+        },
+        [hosts.url("A")],
+        depth=2,
+        fanout=8,  # 1 + 8 + 64 pages, all but one from callbacks
+        child_queries={"0.7": "status=502"},
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) + len(result["failures"]) == 73
+    stats = result["stats"]
+    assert stats["throttling/backoff/count"] == 1
+    assert stats["throttling/backoff/status/502_count"] == 1
+    assert stats["throttling/backoff/repeated_count"] == 2
+    arrivals = sorted(hosts.stats("A")["arrivals"], key=lambda record: record[0])
+    assert len(arrivals) == 75
+    failed = [record[0] + record[4] for record in arrivals if record[3] == 502]
+    assert len(failed) == 3
+    after = [record[0] for record in arrivals if record[0] > failed[0] + 0.2]
+    # The step applied (1 s between sends for the 2-s window) ...
+    assert len([t for t in after if t < failed[0] + 2.0]) <= 3
+    # ... and never grew: no gap of 2 s between sends.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(after)]
+    assert max(gaps) < 1.6, gaps

@@ -499,6 +499,38 @@ async def test_a_retry_refused_again_teaches_no_pace() -> None:
     assert stats(manager)["throttling/rate_limit/learned_count"] == 1
 
 
+@deferred_f_from_coro_f
+async def test_a_retry_failed_again_is_not_a_new_trigger() -> None:
+    """A page that always fails (502, no Retry-After): its first answer
+    steps the scope's delay up, its retries' answers do not (each would
+    double the delay and restart the recovery countdown: 3 windows at 1, 2
+    and 4 s instead of one at 1 s). A server-given hold is still honoured,
+    and another request's failure is a trigger as before."""
+    manager, clock = make_manager()
+    failed = Response(URL, status=502, request=Request(URL))
+    await manager.process_response(failed)
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (1.0, 1)
+    clock.now = 1.0
+    await manager.process_response(
+        Response(URL, status=502, request=failed.request.copy())
+    )
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (1.0, 1)
+    assert stats(manager)["throttling/backoff/repeated_count"] == 1
+    assert stats(manager)["throttling/backoff/count"] == 1
+    # A second retry, answered 503 with Retry-After: the hold only.
+    clock.now = 2.0
+    retry = failed.request.copy()
+    await manager.process_response(
+        Response(URL, status=503, headers={"Retry-After": "5"}, request=retry)
+    )
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (1.0, 1)
+    assert can_send(manager, 6.5) > 0
+    assert can_send(manager, 7.1) == 0
+    # Another page's 502: a trigger.
+    await manager.process_response(response(502))
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (2.0, 2)
+
+
 _PLAIN = "scrapy_adaptive_throttle.ThrottlingScopeManager"
 
 

@@ -22,6 +22,9 @@ than a new spacing (the pull request kept requests 120 s apart after a single
 ``Retry-After: 120`` until recovery), jitter is applied to an un-jittered
 nominal delay so it does not compound across steps, and backoff never lowers
 the spacing below the base delay (a base above ``max_delay`` stays in force).
+The caller does not report a retry answered as its request was before as a
+trigger, only its server-given delay (:meth:`BackoffState.hold`): one page a
+server always fails would otherwise step the delay once per retry.
 """
 
 from __future__ import annotations
@@ -168,10 +171,7 @@ class BackoffState:
         self.trigger_count += 1
         policy = self.policy
         if hard_delay is not None:
-            hold = min(hard_delay, policy.max_delay) if cap else hard_delay
-            # `hold > 0` is also False for NaN, so a NaN hold is no hold.
-            if hold > 0 and now + hold > self.hold_until:
-                self.hold_until = now + hold
+            self.hold(now, hard_delay, cap=cap)
         elif grow:
             nominal = min(
                 policy.max_delay,
@@ -181,6 +181,16 @@ class BackoffState:
             nominal = max(self._base_delay, nominal)
             self.nominal_delay = nominal
             self.delay = self._jittered(nominal)
+
+    def hold(self, now: float, seconds: float, *, cap: bool = True) -> None:
+        """Hold every send until ``now + seconds`` (capped at ``max_delay``
+        with *cap*), without a trigger: no level, no new countdown (the
+        server-given delay of an answer that is not a new trigger, such as
+        a retry refused again)."""
+        hold = min(seconds, self.policy.max_delay) if cap else seconds
+        # `hold > 0` is also False for NaN, so a NaN hold is no hold.
+        if hold > 0 and now + hold > self.hold_until:
+            self.hold_until = now + hold
 
     def recover(self, now: float) -> int:
         """Apply the recovery steps due by *now*.
