@@ -123,6 +123,12 @@ class DownloadOutcomes:
         """Apply the backoff that a download exception calls for."""
         backoff = await self._manager.get_exception_backoff(request, exception)
         if backoff is not None:
+            if request.meta.get(REFUSED_META_KEY):
+                # A retry failing as its request did before (a page that
+                # always times out): not a new trigger, and no server hold.
+                self._count_repeated()
+                return
+            request.meta[REFUSED_META_KEY] = True
             self._manager.apply_backoff(
                 backoff,
                 now=self._gate.clock(),

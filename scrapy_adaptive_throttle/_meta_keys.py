@@ -50,10 +50,10 @@ DELAYED_META_KEY = "_throttling_delayed"
 #: When the request's :reqmeta:`throttling_delay` ends, in wall-clock seconds
 #: (so that a crawl paused and resumed with ``JOBDIR`` still holds it).
 DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
-#: The request had a backoff answer (a status of BACKOFF_HTTP_CODES): a
-#: retry of it answered so again is not a new trigger (only its server hold
-#: applies) and teaches no pace: a page the server always refuses or fails
-#: says nothing new of its load or rate.
+#: The request had a backoff answer (a status of BACKOFF_HTTP_CODES) or
+#: exception: a retry of it answered or failing so again is not a new
+#: trigger (only its server hold applies) and teaches no pace: a page the
+#: server always refuses or fails says nothing new of its load or rate.
 REFUSED_META_KEY = "_throttling_refused"
 
 

@@ -489,3 +489,44 @@ async def test_a_page_that_always_fails_steps_the_delay_once(simhosts, reactor):
     # ... and never grew: no gap of 2 s between sends.
     gaps = [later - earlier for earlier, later in itertools.pairwise(after)]
     assert max(gaps) < 1.6, gaps
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_a_page_that_always_times_out_steps_the_delay_once(simhosts, reactor):
+    """The same with a download exception: one page takes 3 s where
+    ``DOWNLOAD_TIMEOUT`` is 0.5 s, and its two retries time out too. Only
+    the first timeout is a trigger; the host is never spaced by 2 s."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
+    result = await crawl_follow(
+        reactor,
+        {
+            "ADDONS": ADDON,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+            "RETRY_PRIORITY_ADJUST": 0,
+            "BACKOFF_JITTER": 0,
+            "BACKOFF_WINDOW": 2.0,
+            "DOWNLOAD_TIMEOUT": 0.5,
+        },
+        [hosts.url("A")],
+        depth=2,
+        fanout=8,
+        child_queries={"0.7": "delay=3"},
+    )
+    assert result["finish_reason"] == "finished"
+    assert result["lost"] == []
+    assert len(result["responses"]) + len(result["failures"]) == 65  # 0.7 failed
+    stats = result["stats"]
+    assert stats["throttling/backoff/count"] == 1
+    exceptions = [
+        key for key in stats if key.startswith("throttling/backoff/exception/")
+    ]
+    assert [stats[key] for key in exceptions] == [1]
+    assert stats["throttling/backoff/repeated_count"] == 2
+    arrivals = sorted(hosts.stats("A")["arrivals"], key=lambda record: record[0])
+    assert len(arrivals) == 65 + 2
+    sent = [record[0] for record in arrivals]
+    # No gap of 2 s between sends (the 1-s step of the first timeout, and
+    # the timeouts themselves, 0.5 s each, are shorter).
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
+    assert max(gaps) < 1.6, gaps

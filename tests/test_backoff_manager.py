@@ -531,6 +531,24 @@ async def test_a_retry_failed_again_is_not_a_new_trigger() -> None:
     assert (state(manager)["delay"], state(manager)["backoff_level"]) == (2.0, 2)
 
 
+@deferred_f_from_coro_f
+async def test_a_retry_that_fails_again_with_an_exception_is_not_a_new_trigger() -> (
+    None
+):
+    """The same for download exceptions (a page that always times out): the
+    first failure steps the delay, its retry's failure does not."""
+    manager, clock = make_manager()
+    request = Request(URL)
+    await manager.process_exception(request, DownloadTimeoutError())
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (1.0, 1)
+    clock.now = 1.0
+    await manager.process_exception(request.copy(), DownloadTimeoutError())
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (1.0, 1)
+    assert stats(manager)["throttling/backoff/repeated_count"] == 1
+    await manager.process_exception(Request(URL), DownloadTimeoutError())
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (2.0, 2)
+
+
 _PLAIN = "scrapy_adaptive_throttle.ThrottlingScopeManager"
 
 
