@@ -95,8 +95,7 @@ class DownloadOutcomes:
             # (the mark follows the request into its retries' copies).
             again = False
             if status >= 400 and request is not None:
-                again = bool(request.meta.get(REFUSED_META_KEY))
-                request.meta[REFUSED_META_KEY] = True
+                again = _marked(request)
             applied = _holds_only(backoff) if again else backoff
             if again:
                 self._count_repeated()
@@ -123,17 +122,29 @@ class DownloadOutcomes:
         """Apply the backoff that a download exception calls for."""
         backoff = await self._manager.get_exception_backoff(request, exception)
         if backoff is not None:
-            if request.meta.get(REFUSED_META_KEY):
+            if _marked(request):
                 # A retry failing as its request did before (a page that
                 # always times out): not a new trigger, and no server hold.
                 self._count_repeated()
                 return
-            request.meta[REFUSED_META_KEY] = True
             self._manager.apply_backoff(
                 backoff,
                 now=self._gate.clock(),
                 cause=f"exception/{global_object_name(type(exception))}",
             )
+
+
+def _marked(request: Request) -> bool:
+    """Whether *request* had a backoff answer or exception before (its
+    retry: a copy with the same URL and meta), and mark it as having one.
+
+    The mark is the URL, not a flag: a spider that passes ``response.meta``
+    on to the requests it yields must not make their first answers repeats.
+    """
+    meta = request.meta
+    again = meta.get(REFUSED_META_KEY) == request.url
+    meta[REFUSED_META_KEY] = request.url
+    return again
 
 
 def _holds_only(backoff: BackoffData) -> BackoffData:

@@ -53,7 +53,9 @@ DELAY_DEADLINE_META_KEY = "_throttling_delay_deadline"
 #: The request had a backoff answer (a status of BACKOFF_HTTP_CODES) or
 #: exception: a retry of it answered or failing so again is not a new
 #: trigger (only its server hold applies) and teaches no pace: a page the
-#: server always refuses or fails says nothing new of its load or rate.
+#: server always refuses or fails says nothing new of its load or rate. Its
+#: value is the request's URL, so that a spider passing ``response.meta``
+#: on to new requests does not pass the mark on.
 REFUSED_META_KEY = "_throttling_refused"
 
 

@@ -476,7 +476,7 @@ async def test_a_retry_refused_again_teaches_no_pace() -> None:
         URL, status=429, headers={"Retry-After": "1"}, request=Request(URL)
     )
     await manager.process_response(refused)  # the count starts
-    assert refused.request.meta["_throttling_refused"] is True
+    assert refused.request.meta["_throttling_refused"] == URL
     for step in range(10):
         clock.now = 1.5 + step * 0.05
         scope.record_sent(clock.now)
@@ -529,6 +529,22 @@ async def test_a_retry_failed_again_is_not_a_new_trigger() -> None:
     # Another page's 502: a trigger.
     await manager.process_response(response(502))
     assert (state(manager)["delay"], state(manager)["backoff_level"]) == (2.0, 2)
+
+
+@deferred_f_from_coro_f
+async def test_meta_passed_on_to_a_new_request_does_not_make_it_a_repeat() -> None:
+    """A spider that yields ``Request(other, meta=response.meta)``: the
+    other page's first 502 is a trigger, though the meta says its parent
+    had one (a redirect to another URL is a new page the same way)."""
+    manager, clock = make_manager()
+    failed = Response(URL, status=502, request=Request(URL))
+    await manager.process_response(failed)
+    clock.now = 1.0
+    other = f"https://{SCOPE}/child"
+    child = Request(other, meta=dict(failed.request.meta))
+    await manager.process_response(Response(other, status=502, request=child))
+    assert (state(manager)["delay"], state(manager)["backoff_level"]) == (2.0, 2)
+    assert "throttling/backoff/repeated_count" not in stats(manager)
 
 
 @deferred_f_from_coro_f
