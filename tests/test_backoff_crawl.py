@@ -447,16 +447,14 @@ async def test_custom_backoff_and_response_delay(simhosts):
     assert throttler.get_scope_state(hosts.netloc("api"))["backoff_count"] == 1
 
 
-@pytest.mark.parametrize("reactor", REACTORS)
-@deferred_f_from_coro_f
-async def test_a_page_that_always_fails_steps_the_delay_once(simhosts, reactor):
-    """One page of a link tree found from callbacks answers every request
-    ``502`` (no ``Retry-After``); Scrapy retries it twice, at once
-    (``RETRY_PRIORITY_ADJUST = 0``). Its first answer steps the host's
-    delay to 1 s; its retries' answers are not new triggers. Read at the
-    server: the host is spaced by 1 s, never by 2 or 4 s (which the
-    retries' steps made: 3 windows of recovery instead of one, 189 s
-    instead of 9 for one such page in ``bench/refused_page.py``)."""
+async def crawl_with_a_failing_page(
+    simhosts: Any, reactor: str, query: str, **settings: Any
+) -> tuple[dict[str, Any], list[list[Any]]]:
+    """A link tree of 73 pages found from callbacks (depth 2, fanout 8) on
+    a host without limits, whose page ``0.7`` gets *query* (how it fails);
+    Scrapy retries it twice, at once (``RETRY_PRIORITY_ADJUST = 0``), and a
+    backoff window is 2 s. Checks that nothing was lost; returns the crawl's
+    result and the host's arrivals in order."""
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
     result = await crawl_follow(
         reactor,
@@ -466,67 +464,66 @@ async def test_a_page_that_always_fails_steps_the_delay_once(simhosts, reactor):
             "RETRY_PRIORITY_ADJUST": 0,
             "BACKOFF_JITTER": 0,
             "BACKOFF_WINDOW": 2.0,
+            **settings,
         },
         [hosts.url("A")],
         depth=2,
-        fanout=8,  # 1 + 8 + 64 pages, all but one from callbacks
-        child_queries={"0.7": "status=502"},
+        fanout=8,
+        child_queries={"0.7": query},
     )
     assert result["finish_reason"] == "finished"
     assert result["lost"] == []
-    assert len(result["responses"]) + len(result["failures"]) == 73
-    stats = result["stats"]
-    assert stats["throttling/backoff/count"] == 1
-    assert stats["throttling/backoff/status/502_count"] == 1
-    assert stats["throttling/backoff/repeated_count"] == 2
+    assert result["stats"]["throttling/backoff/count"] == 1
+    assert result["stats"]["throttling/backoff/repeated_count"] == 2
     arrivals = sorted(hosts.stats("A")["arrivals"], key=lambda record: record[0])
-    assert len(arrivals) == 75
+    return result, arrivals
+
+
+def assert_never_spaced_by_two_seconds(sent: list[float]) -> None:
+    """No gap of 2 s between two sends to the host: the delay was never
+    stepped past the first trigger's 1 s."""
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
+    assert max(gaps) < 1.6, gaps
+
+
+@pytest.mark.parametrize("reactor", REACTORS)
+@deferred_f_from_coro_f
+async def test_a_page_that_always_fails_steps_the_delay_once(simhosts, reactor):
+    """One page answers every request ``502`` (no ``Retry-After``). Its
+    first answer steps the host's delay to 1 s; its retries' answers are not
+    new triggers. Read at the server: the host is spaced by 1 s, never by 2
+    or 4 s (which the retries' steps made: 3 windows of recovery instead of
+    one, 189 s instead of 70 for one such page in
+    ``bench/refused_page.py``)."""
+    result, arrivals = await crawl_with_a_failing_page(simhosts, reactor, "status=502")
+    # 1 + 8 + 64 pages (the failed page's children are followed too).
+    assert len(result["responses"]) + len(result["failures"]) == 73
+    assert result["stats"]["throttling/backoff/status/502_count"] == 1
+    assert len(arrivals) == 73 + 2
     failed = [record[0] + record[4] for record in arrivals if record[3] == 502]
     assert len(failed) == 3
     after = [record[0] for record in arrivals if record[0] > failed[0] + 0.2]
     # The step applied (1 s between sends for the 2-s window) ...
     assert len([t for t in after if t < failed[0] + 2.0]) <= 3
-    # ... and never grew: no gap of 2 s between sends.
-    gaps = [later - earlier for earlier, later in itertools.pairwise(after)]
-    assert max(gaps) < 1.6, gaps
+    # ... and never grew.
+    assert_never_spaced_by_two_seconds(after)
 
 
 @pytest.mark.parametrize("reactor", REACTORS)
 @deferred_f_from_coro_f
 async def test_a_page_that_always_times_out_steps_the_delay_once(simhosts, reactor):
     """The same with a download exception: one page takes 3 s where
-    ``DOWNLOAD_TIMEOUT`` is 0.5 s, and its two retries time out too. Only
-    the first timeout is a trigger; the host is never spaced by 2 s."""
-    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.01})
-    result = await crawl_follow(
-        reactor,
-        {
-            "ADDONS": ADDON,
-            "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
-            "RETRY_PRIORITY_ADJUST": 0,
-            "BACKOFF_JITTER": 0,
-            "BACKOFF_WINDOW": 2.0,
-            "DOWNLOAD_TIMEOUT": 0.5,
-        },
-        [hosts.url("A")],
-        depth=2,
-        fanout=8,
-        child_queries={"0.7": "delay=3"},
+    ``DOWNLOAD_TIMEOUT`` is 0.5 s, and its two retries time out too."""
+    result, arrivals = await crawl_with_a_failing_page(
+        simhosts, reactor, "delay=3", DOWNLOAD_TIMEOUT=0.5
     )
-    assert result["finish_reason"] == "finished"
-    assert result["lost"] == []
-    assert len(result["responses"]) + len(result["failures"]) == 65  # 0.7 failed
+    # 1 + 8 + 64 pages, but not the 8 children of the page that failed.
+    assert len(result["responses"]) + len(result["failures"]) == 65
     stats = result["stats"]
-    assert stats["throttling/backoff/count"] == 1
     exceptions = [
         key for key in stats if key.startswith("throttling/backoff/exception/")
     ]
     assert [stats[key] for key in exceptions] == [1]
-    assert stats["throttling/backoff/repeated_count"] == 2
-    arrivals = sorted(hosts.stats("A")["arrivals"], key=lambda record: record[0])
     assert len(arrivals) == 65 + 2
-    sent = [record[0] for record in arrivals]
-    # No gap of 2 s between sends (the 1-s step of the first timeout, and
-    # the timeouts themselves, 0.5 s each, are shorter).
-    gaps = [later - earlier for earlier, later in itertools.pairwise(sent)]
-    assert max(gaps) < 1.6, gaps
+    # (the timeouts themselves, 0.5 s each, are shorter gaps)
+    assert_never_spaced_by_two_seconds([record[0] for record in arrivals])
