@@ -161,9 +161,9 @@ class BackoffTriggers:
     ) -> None:
         """Tell the scopes that backed off on a 429 that they were refused
         for their rate, with when the request was sent, so they can learn
-        the pace the server accepts. *again*: the request was refused
-        before (this is a retry of it), which counts the refusal but
-        teaches no pace."""
+        the pace the server accepts. *again*: the request had a backoff
+        answer before (this is a retry of it), which counts the refusal
+        but teaches no pace."""
         scopes = backoff.keys() if isinstance(backoff, dict) else iter_scopes(backoff)
         for scope_id in list(scopes):
             self.registry.get(scope_id).record_rate_limited(now, sent_at, again=again)

@@ -55,7 +55,8 @@ TRACKED_SCOPES = 10_000
 _RESPONSE: ContextVar[Response | None] = ContextVar(
     "_THROTTLING_RESPONSE", default=None
 )
-#: Whether that response refuses (429) a request refused before.
+#: Whether that response is a backoff answer to a retry whose request had
+#: one before (not a new trigger: see ``_download_outcomes``).
 _AGAIN: ContextVar[bool] = ContextVar("_THROTTLING_REFUSED_AGAIN", default=False)
 #: The cause of each scope manager's last backoff.
 _CAUSES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -165,7 +166,7 @@ def log_decision(
 @contextmanager
 def responding(response: Response, *, again: bool = False) -> Iterator[None]:
     """Within the block, backoff decisions come from *response*; *again*:
-    it refuses (429) a request that was refused before."""
+    it answers a retry whose request had a backoff answer before."""
     token = _RESPONSE.set(response)
     again_token = _AGAIN.set(again)
     try:
@@ -176,9 +177,9 @@ def responding(response: Response, *, again: bool = False) -> Iterator[None]:
 
 
 def refused_again() -> bool:
-    """Whether the backoff being applied is for a ``429`` of a request that
-    was refused before (its retry): it holds the scope, but says nothing
-    new of the host's load."""
+    """Whether the backoff being applied answers a retry whose request had
+    a backoff answer before: only its server-given hold applies, as it says
+    nothing new of the host's load."""
     return _AGAIN.get()
 
 
