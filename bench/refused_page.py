@@ -22,13 +22,12 @@ one run.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from simhosts import SimHosts
+from tests.engine_crawls import crawl_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 ADDON = {"scrapy_adaptive_throttle.Addon": 0}
@@ -58,18 +57,7 @@ def crawl(url: str, addon: bool, refused: str, cwd: Path) -> dict[str, Any]:
             "child_queries": {REFUSED_PAGE: refused} if refused else {},
         },
     }
-    process = subprocess.run(
-        [sys.executable, "-m", "tests.crawl_process", json.dumps(config)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if process.returncode != 0:
-        raise SystemExit(process.stderr[-3000:])
-    result: dict[str, Any] = json.loads(process.stdout.strip().splitlines()[-1])
-    return result
+    return crawl_in_process(config, timeout=300, cwd=cwd)
 
 
 def measure(

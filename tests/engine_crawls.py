@@ -62,11 +62,15 @@ async def crawl_follow(
     }
 
 
-def crawl_in_process(config: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
-    """Run ``python -m tests.crawl_process`` with *config*; its JSON result."""
+def crawl_in_process(
+    config: dict[str, Any], timeout: float = 120, cwd: Path = ROOT
+) -> dict[str, Any]:
+    """Run ``python -m tests.crawl_process`` with *config* in *cwd* (another
+    checkout's ``tests`` and package, for a benchmark's ``--before``); its
+    JSON result."""
     result = subprocess.run(
         [sys.executable, "-m", "tests.crawl_process", json.dumps(config)],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
