@@ -68,7 +68,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +360,46 @@ def _noisy_scenario(name: str, dist: dict[str, Any]) -> Scenario:
         settings={"CONCURRENT_REQUESTS": 64},
         max_seconds=40.0,
         quick_max_seconds=10.0,
+    )
+
+
+def slower_host(host: dict[str, Any], factor: float) -> dict[str, Any]:
+    """*host* with every service time multiplied by *factor*: the base time,
+    a bimodal host's hit and miss times and a schedule's slow times (a
+    lognormal or heavy-tailed spread is relative to the base already)."""
+    scaled = {**host}
+    if "service_time" in scaled:
+        scaled["service_time"] = scaled["service_time"] * factor
+    if "schedule" in scaled:
+        scaled["schedule"] = [
+            [start, end, service * factor] for start, end, service in scaled["schedule"]
+        ]
+    dist = scaled.get("service_dist")
+    if dist is not None and dist.get("kind") == "bimodal":
+        scaled["service_dist"] = {
+            **dist,
+            "fast": dist["fast"] * factor,
+            "slow": dist["slow"] * factor,
+        }
+    return scaled
+
+
+def slower_scenario(scenario: Scenario, factor: float) -> Scenario:
+    """*scenario* on hosts *factor* times slower (``--slower``): the same
+    noise and queues at 1/*factor* of the capacity, so that the crawler's own
+    CPU is not what bounds pages/s; its crawls may last *factor* times longer."""
+    if factor == 1:
+        return scenario
+    return replace(
+        scenario,
+        description=f"{scenario.description}; service times x{factor:g}",
+        hosts=[slower_host(host, factor) for host in scenario.hosts],
+        probe_variants={
+            label: slower_host(host, factor)
+            for label, host in scenario.probe_variants.items()
+        },
+        max_seconds=scenario.max_seconds * factor,
+        quick_max_seconds=scenario.quick_max_seconds * factor,
     )
 
 
@@ -1451,7 +1491,18 @@ def main(argv: list[str] | None = None) -> int:
         help="a Scrapy setting for every crawl (VALUE read as JSON if it "
         "parses, else a string), e.g. --set CONCURRENT_ITEMS=1; repeatable",
     )
+    parser.add_argument(
+        "--slower",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="multiply every host's service times by FACTOR (e.g. 2: the same "
+        "noise and queues at half the capacity, where the crawler's own CPU "
+        "does not bound pages/s on a small machine)",
+    )
     args = parser.parse_args(argv)
+    if args.slower <= 0:
+        parser.error("--slower must be > 0")
     for item in args.set:
         setting, sep, raw = item.partition("=")
         if not sep or not setting:
@@ -1492,7 +1543,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     for name in names:
-        scenario = SCENARIOS[name]
+        scenario = slower_scenario(SCENARIOS[name], args.slower)
         result = run_scenario(
             scenario,
             configs=configs,
