@@ -65,7 +65,7 @@ end
 #: KEYS: the lease keys of R releases, the S sample pairs (samples list,
 #: lease key), the N hand-over pairs (lease key, sends key; see
 #: _RENEW_LEASES), then the lease, next-send, hold, samples, limit, sends,
-#: pace and quota key of each scope, then this process's marker. ARGV:
+#: pace, quota and turns key of each scope, then this process's marker. ARGV:
 #: token, lease TTL, R, S, N, the R released tokens, the S samples ("kind
 #: latency"), the N hand-overs (old token, new token, age in µs), then the
 #: limit (-1: none), the spacing, the adaptive ceiling
@@ -76,11 +76,12 @@ end
 #: limits..., paces...}``: status 2 = the marker was missing while this
 #: process has leases in flight (Redis lost its state without a failed
 #: call: lease them again, then check again), 1 = leased (every scope),
-#: 0 = not leased, -i = not
-#: leased and scope i is at its limit; wait = microseconds until every time
-#: gate opens; the server's time; then the shared adaptive limit of each
-#: scope (-1: none published); then the shared pace state of each scope
-#: when it differs from the one this process knows ("" otherwise). Samples
+#: 0 = not leased, -i = not leased and scope i is at its limit; wait =
+#: microseconds until every time gate opens (leased: until this process's
+#: next turn, 0: none); the server's time; then the shared adaptive limit
+#: of each scope (-1: none published); then the shared pace state of each
+#: scope when it differs from the one this process knows ("" otherwise).
+#: Samples
 #: and releases go first, batched into the next check (see
 #: SharedState.release), hand-overs before them; a send to an adaptive
 #: scope kept waiting by its leases adds a ``w`` sample (see
@@ -88,7 +89,14 @@ end
 #: with its scope's leases. An admitted send joins its scope's sends (the
 #: global count a refusal learns from) and, with a pace, the next send is
 #: one interval after the time this one was allowed (a schedule, as in
-#: LearnedRate.record_send), so the pace holds across processes.
+#: LearnedRate.record_send), so the pace holds across processes. A send
+#: kept waiting by a scope's next-send time or hold, when the scope has a
+#: spacing or a pace, gets this process's turn (a hash of turns by marker,
+#: and the ``tail`` after the last one): the wait is until that turn, one
+#: interval after the turn before it, so that the processes waiting for
+#: one spaced scope ask again one at a time instead of all at once; a
+#: leased send of such a scope while others hold turns takes this
+#: process's next turn at once.
 ACQUIRE_SCRIPT = (
     _NOW_PREAMBLE
     + _PUSH_SAMPLES
@@ -113,7 +121,8 @@ push_samples(released + 1, 6 + released, sampled)
 for i = 1, released do redis.call('ZREM', KEYS[i], ARGV[5 + i]) end
 local first = released + 2 * sampled + 2 * renewed
 local base = 5 + released + sampled + 3 * renewed
-local scopes = (#KEYS - first - 1) / 8
+local scopes = (#KEYS - first - 1) / 9
+local process = KEYS[#KEYS]
 local blocked = 0
 local wait = 0
 local limits = {}
@@ -121,7 +130,7 @@ local paces = {}
 local nexts = {}
 local windows = {}
 for i = 1, scopes do
-  local k = first + 8 * (i - 1)
+  local k = first + 9 * (i - 1)
   local lease = KEYS[k + 1]
   redis.call('ZREMRANGEBYSCORE', lease, '-inf', now)
   local limit = tonumber(ARGV[base + 8 * i - 7])
@@ -142,7 +151,40 @@ for i = 1, scopes do
   local next_send = tonumber(redis.call('GET', KEYS[k + 2]) or '0')
   nexts[i] = next_send
   local hold = tonumber(redis.call('GET', KEYS[k + 3]) or '0')
-  local gate = math.max(next_send, hold) - now
+  local opens = math.max(next_send, hold)
+  local gate = opens - now
+  local interval = math.max(tonumber(ARGV[base + 8 * i - 6]),
+                            tonumber(ARGV[base + 8 * i - 4]))
+  if interval > 0 then
+    -- Processes waiting for a spaced scope (its spacing or learned pace)
+    -- take turns, one interval apart, instead of all asking again when it
+    -- opens, where one of them gets the send and the others ask again.
+    -- While other processes hold turns, a process without one takes the
+    -- next (a send does not jump the queue); one asking again before its
+    -- turn keeps it; one whose turn came while the scope was still closed
+    -- (the spacing drifted) is next. A process alone keeps no turn once it
+    -- sent, so a cache hit's refund opens its next send at once.
+    local turns = KEYS[k + 9]
+    local state = redis.call('HMGET', turns, process, 'tail')
+    local mine = tonumber(state[1] or '0')
+    local tail = tonumber(state[2] or '0')
+    local due = mine > 0 and mine <= now
+    -- Others hold turns: fields besides this process's and the tail.
+    local queued = not due and tail > now and
+      redis.call('HLEN', turns) > (mine > 0 and 2 or 1)
+    if gate > 0 or queued then
+      if due then
+        mine = opens
+      elseif mine == 0 or mine < opens then
+        mine = math.max(opens, tail)
+      end
+      if mine + interval > tail then tail = mine + interval end
+      redis.call('HSET', turns, process, string.format('%.0f', mine),
+                 'tail', string.format('%.0f', tail))
+      redis.call('PEXPIRE', turns, math.ceil((tail - now) / 1000) + 1000)
+      gate = mine - now
+    end
+  end
   -- The quota: one fixed window for every process (QuotaWindow's rule).
   local quota = tonumber(ARGV[base + 8 * i - 2])
   local window = tonumber(ARGV[base + 8 * i - 1])
@@ -169,17 +211,20 @@ if blocked > 0 then
   -- A send of an adaptive scope kept waiting by the leases: a ``w`` sample
   -- tells a leader that leads it alone that another process wants in.
   if tonumber(ARGV[base + 8 * blocked - 5]) > 0 then
-    local samples = KEYS[first + 8 * (blocked - 1) + 4]
+    local samples = KEYS[first + 9 * (blocked - 1) + 4]
     redis.call('RPUSH', samples, 'w ' .. stamp .. ' 0 ' ..
-               redis.call('ZCARD', KEYS[first + 8 * (blocked - 1) + 1]))
+               redis.call('ZCARD', KEYS[first + 9 * (blocked - 1) + 1]))
     redis.call('LTRIM', samples, -SAMPLES_CAP, -1)
     redis.call('PEXPIRE', samples, SAMPLES_TTL_MS)
   end
   return {-blocked, wait, stamp, unpack(limits)}
 end
 if wait > 0 then return {0, wait, stamp, unpack(limits)} end
+local turn = 0
 for i = 1, scopes do
-  local k = first + 8 * (i - 1)
+  local k = first + 9 * (i - 1)
+  local turns = KEYS[k + 9]
+  redis.call('HDEL', turns, process)
   redis.call('ZADD', KEYS[k + 1], now + ttl, ARGV[1])
   redis.call('PEXPIRE', KEYS[k + 1], math.ceil(ttl / 1000))
   local next_send = now + tonumber(ARGV[base + 8 * i - 6])
@@ -194,6 +239,17 @@ for i = 1, scopes do
   if next_send > now then
     redis.call('SET', KEYS[k + 2], next_send, 'PX',
                math.ceil((next_send - now) / 1000) + 1000)
+  end
+  local spacing = math.max(tonumber(ARGV[base + 8 * i - 6]), interval)
+  if spacing > 0 and redis.call('HLEN', turns) > 1 then
+    -- Others hold turns: this process takes the next one now, for its
+    -- next send (its next check waits for it instead of asking first).
+    local tail = tonumber(redis.call('HGET', turns, 'tail') or '0')
+    local mine = math.max(next_send, tail)
+    redis.call('HSET', turns, process, string.format('%.0f', mine),
+               'tail', string.format('%.0f', mine + spacing))
+    redis.call('PEXPIRE', turns, math.ceil((mine + spacing - now) / 1000) + 1000)
+    if mine - now > turn then turn = mine - now end
   end
   local spent = windows[i]
   if spent then
@@ -216,7 +272,7 @@ for i = 1, scopes do
     redis.call('PEXPIRE', samples, SAMPLES_TTL_MS)
   end
 end
-return {1, 0, stamp, unpack(limits)}
+return {1, turn, stamp, unpack(limits)}
 """.replace("SAMPLES_CAP", str(SAMPLES_CAP))
     .replace("SAMPLES_TTL_MS", str(SAMPLES_TTL_MS))
     .replace("SENDS_KEEP_US", str(SENDS_KEEP_US))

@@ -107,7 +107,17 @@ RECHECK_INTERVAL = 0.02
 HANDOVER_FOR = 0.05
 
 #: The keys of a scope a check reads or writes, in the check script's order.
-SCOPE_KEYS = ("lease", "next", "hold", "samples", "limit", "sends", "pace", "quota")
+SCOPE_KEYS = (
+    "lease",
+    "next",
+    "hold",
+    "samples",
+    "limit",
+    "sends",
+    "pace",
+    "quota",
+    "turns",
+)
 
 #: A scope's quota in a check: ``(quota, window, amount)``, the request's
 #: amount ``None`` when it gave none.
@@ -175,6 +185,12 @@ class SharedState(SharedConnection):
         #: When a check by Redis last admitted a send of each set of scopes
         #: (on *clock*): hand-overs are allowed for :data:`HANDOVER_FOR`.
         self._checked: dict[tuple[ScopeID, ...], float] = {}
+        #: When Redis last said each set of scopes may be asked about again
+        #: (on *clock*): the time gate's wait it answered, this process's
+        #: turn among the processes waiting for a spaced scope. Asked
+        #: again before that, the check answers the rest of the wait
+        #: itself, without a round trip.
+        self._opens: dict[tuple[ScopeID, ...], float] = {}
         #: Each leased request's admission (see ``_admitted``), until it is
         #: released, for :meth:`refund`.
         self._sends: dict[Request, tuple[str, int, dict[ScopeID, int]]] = {}
@@ -246,10 +262,15 @@ class SharedState(SharedConnection):
         in Redis with the lease.
 
         When the send is allowed, its lease is taken at once (the same round
-        trip) and waits for :meth:`claim`. A scope whose leases are all taken
-        by other processes is returned as *blocked* when this process has a
-        request of it in flight (its release wakes the queue), else as a
-        wait of :data:`RECHECK_INTERVAL`, so that it is looked at again.
+        trip) and waits for :meth:`claim`. A send kept waiting by a spaced
+        scope (a spacing or a learned pace) waits for this process's turn,
+        which Redis gives each waiting process one interval after the one
+        before (see ``ACQUIRE_SCRIPT``); asked again before it, the check
+        answers the rest of the wait without a round trip. A scope whose
+        leases are all taken by other processes is returned as *blocked*
+        when this process has a request of it in flight (its release wakes
+        the queue), else as a wait of :data:`RECHECK_INTERVAL`, so that it
+        is looked at again.
 
         A lease this process freed and has not released in Redis yet, on
         exactly these scopes, is handed on to this send instead, without a
@@ -276,6 +297,13 @@ class SharedState(SharedConnection):
                 return wait, blocked
         elif self._releases.pending and self._hand_over(scopes, quotas):
             return 0.0, None
+        scope_ids = tuple(scope[0] for scope in scopes)
+        opens = self._opens.get(scope_ids) if self._opens else None
+        if opens is not None:
+            remaining = opens - self._clock()
+            if remaining > 0:
+                return remaining, None
+            del self._opens[scope_ids]
         releases = self._releases.take([self._key("lease", s[0]) for s in scopes])
         samples = self.adaptive.take_samples()
         handovers, self._handovers = self._handovers, []
@@ -321,6 +349,10 @@ class SharedState(SharedConnection):
             if published:
                 self.paces.published(scope_id, published, int(server_now))
         if status == 1:
+            if int(wait) > 0:
+                # Others wait for a spaced scope of this send: Redis gave
+                # this process its next turn already.
+                self._remember_wait(scope_ids, int(wait) / 1e6)
             self._pending = (tuple(scope for scope, *_ in scopes), token)
             self._checked[self._pending[0]] = self._clock()
             self._admitted = (
@@ -336,11 +368,26 @@ class SharedState(SharedConnection):
             self.adaptive.recorded_sample(scopes[-int(status) - 1][0])
         seconds = int(wait) / 1e6
         if seconds > 0:
+            if any(spacing > 0 or pace(s_id)[0] for s_id, *_, spacing in scopes):
+                # A spaced scope's wait is this process's turn, which Redis
+                # keeps for it: asking again sooner would be answered the same.
+                self._remember_wait(scope_ids, seconds)
             return seconds, None
         scope_id, _, in_flight, _ = scopes[-int(status) - 1]
         if in_flight:
             return 0.0, scope_id
         return RECHECK_INTERVAL, None
+
+    def _remember_wait(self, scope_ids: tuple[ScopeID, ...], seconds: float) -> None:
+        """Remember that *scope_ids* may not send for *seconds* (see
+        ``_opens``); forget the waits that are over when many are kept."""
+        now = self._clock()
+        opens = self._opens
+        if len(opens) >= 1024:
+            self._opens = opens = {
+                key: when for key, when in opens.items() if when > now
+            }
+        opens[scope_ids] = now + seconds
 
     def _hand_over(
         self,
@@ -483,7 +530,15 @@ class SharedState(SharedConnection):
             opened = self._call(self._refund, keys, args)
         except RedisFailure:
             return []
-        return [scope for scope, flag in zip(refunded, opened, strict=True) if flag]
+        sooner = [scope for scope, flag in zip(refunded, opened, strict=True) if flag]
+        if sooner and self._opens:
+            # A wait answered before the refund may be over sooner.
+            self._opens = {
+                key: when
+                for key, when in self._opens.items()
+                if not any(scope_id in key for scope_id in sooner)
+            }
+        return sooner
 
     def reconcile_quota(
         self,

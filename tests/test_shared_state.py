@@ -121,6 +121,62 @@ def test_spacing_is_a_shared_next_send_time(redis_server, prefix):
     assert send(second, "host", None)[2] is not None
 
 
+def test_processes_waiting_for_a_spaced_scope_take_turns(redis_server, prefix):
+    # Three processes wait for the next send of a scope spaced 0.2 s: each
+    # gets its own turn, one spacing after the one before, instead of all
+    # asking again when it opens (where one gets the send and the others
+    # ask again, once per waiting process and send).
+    spacing = 0.2
+    first, *waiting = (make_state(redis_server, prefix) for _ in range(4))
+    assert send(first, "host", None, spacing)[2] is not None
+    waits = [send(state, "host", None, spacing)[0] for state in waiting]
+    start = time.monotonic()
+    assert 0.15 < waits[0] <= spacing
+    assert waits[1] == pytest.approx(waits[0] + spacing, abs=0.03)
+    assert waits[2] == pytest.approx(waits[0] + 2 * spacing, abs=0.03)
+    # Asking again before its turn is answered without a round trip, and
+    # Redis keeps the turn too (asked with the local memory of it gone);
+    # a process without a turn (the first, whose own gate opened) takes
+    # the next one: no send jumps the queue.
+    commands = waiting[2].commands
+    assert send(waiting[2], "host", None, spacing)[0] == pytest.approx(
+        waits[2], abs=0.03
+    )
+    assert waiting[2].commands == commands
+    waiting[2]._opens.clear()
+    assert send(waiting[2], "host", None, spacing)[0] == pytest.approx(
+        waits[2], abs=0.03
+    )
+    assert waiting[2].commands == commands + 1
+    assert send(first, "host", None, spacing)[0] == pytest.approx(
+        waits[0] + 3 * spacing, abs=0.03
+    )
+    # Each sends at its turn: at its first try, or (a spacing counts from
+    # the previous send, which came a few ms after its turn) at the second,
+    # a few ms later.
+    checks = 0
+    for state, wait in zip(waiting, waits, strict=True):
+        time.sleep(max(0.0, start + wait - time.monotonic()))
+        while True:
+            checks += 1
+            retry, blocked, request = send(state, "host", None, spacing)
+            assert blocked is None
+            if request is not None:
+                break
+            assert retry < 0.05
+            time.sleep(retry)
+        # Others still hold turns (the first process at least): the send
+        # took this process's next turn at once, so its next check waits
+        # for it without a round trip.
+        commands = state.commands
+        assert send(state, "host", None, spacing)[0] > 2 * spacing
+        assert state.commands == commands
+    assert checks <= 2 * len(waiting)
+    keys = redis_server.client().keys(f"{prefix}:turns:*")
+    assert keys
+    assert 0 < redis_server.client().pttl(keys[0]) <= 3_000
+
+
 def test_a_hold_in_one_process_holds_every_process(redis_server, prefix):
     first = make_state(redis_server, prefix)
     second = make_state(redis_server, prefix)
