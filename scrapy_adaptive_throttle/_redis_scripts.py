@@ -162,27 +162,37 @@ for i = 1, scopes do
     -- While other processes hold turns, a process without one takes the
     -- next (a send does not jump the queue); one asking again before its
     -- turn keeps it; one whose turn came while the scope was still closed
-    -- (the spacing drifted) is next. A process alone keeps no turn once it
-    -- sent, so a cache hit's refund opens its next send at once.
+    -- (the spacing drifted) is next. A process alone waits for the gate
+    -- only, so its own spacing's jitter and a cache hit's refund count as
+    -- without turns.
     local turns = KEYS[k + 9]
     local state = redis.call('HMGET', turns, process, 'tail')
     local mine = tonumber(state[1] or '0')
     local tail = tonumber(state[2] or '0')
-    local due = mine > 0 and mine <= now
-    -- Others hold turns: fields besides this process's and the tail.
-    local queued = not due and tail > now and
-      redis.call('HLEN', turns) > (mine > 0 and 2 or 1)
-    if gate > 0 or queued then
-      if due then
-        mine = opens
-      elseif mine == 0 or mine < opens then
-        mine = math.max(opens, tail)
+    local others = redis.call('HLEN', turns) - (state[1] and 1 or 0) -
+      (state[2] and 1 or 0)
+    if others <= 0 then
+      -- Alone: the wait is the gate's (a turn only tells a process that
+      -- comes later where to queue).
+      if gate > 0 then
+        redis.call('HSET', turns, process, string.format('%.0f', opens),
+                   'tail', string.format('%.0f', opens + interval))
+        redis.call('PEXPIRE', turns, math.ceil((opens + interval - now) / 1000) + 1000)
       end
-      if mine + interval > tail then tail = mine + interval end
-      redis.call('HSET', turns, process, string.format('%.0f', mine),
-                 'tail', string.format('%.0f', tail))
-      redis.call('PEXPIRE', turns, math.ceil((tail - now) / 1000) + 1000)
-      gate = mine - now
+    else
+      local due = mine > 0 and mine <= now
+      if gate > 0 or (not due and tail > now) then
+        if due then
+          mine = opens
+        elseif mine == 0 or mine < opens then
+          mine = math.max(opens, tail)
+        end
+        if mine + interval > tail then tail = mine + interval end
+        redis.call('HSET', turns, process, string.format('%.0f', mine),
+                   'tail', string.format('%.0f', tail))
+        redis.call('PEXPIRE', turns, math.ceil((tail - now) / 1000) + 1000)
+        gate = mine - now
+      end
     end
   end
   -- The quota: one fixed window for every process (QuotaWindow's rule).

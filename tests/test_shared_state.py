@@ -177,6 +177,19 @@ def test_processes_waiting_for_a_spaced_scope_take_turns(redis_server, prefix):
     assert 0 < redis_server.client().pttl(keys[0]) <= 3_000
 
 
+def test_a_process_alone_waits_for_the_next_send_only(redis_server, prefix):
+    # Turns order processes that wait together. Alone, a process waits for
+    # the scope's next send, whatever spacing a refused check of it drew
+    # (jitter: 0.5 s here), not for the turn after its own.
+    state = make_state(redis_server, prefix)
+    assert send(state, "host", None, 0.05)[2] is not None
+    wait = send(state, "host", None, 0.5)[0]
+    assert 0 < wait <= 0.05
+    time.sleep(wait)
+    assert send(state, "host", None, 0.05)[2] is not None
+    assert 0 < send(state, "host", None, 0.05)[0] <= 0.05
+
+
 def test_a_hold_in_one_process_holds_every_process(redis_server, prefix):
     first = make_state(redis_server, prefix)
     second = make_state(redis_server, prefix)
