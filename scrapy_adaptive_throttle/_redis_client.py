@@ -17,6 +17,12 @@ from urllib.parse import urlsplit, urlunsplit
 #: Longest a release waits to go out with the next check (the send that
 #: usually follows it at once) before it is sent on its own.
 RELEASE_BATCH_DELAY = 0.005
+#: Longest the release of a lease that the next send may take over (every
+#: scope one this process leads alone, see ``SharedState.check``) waits:
+#: no other process is kept waiting for it, and a crawler busy parsing
+#: often asks for the next send more than :data:`RELEASE_BATCH_DELAY`
+#: after the answer that freed the lease.
+HANDOVER_RELEASE_DELAY = 0.025
 #: Longest what does not free a lease (latency samples, leases handed on
 #: from one send to the next, see ``SharedState.check``) waits for a round
 #: trip to ride on before it is sent on its own: a scope's leader drains
@@ -148,7 +154,8 @@ class ReleaseBatch:
 
     They go out with the next check (a freed slot is usually taken at once
     by the next request, in the same round trip), or through *flush* after
-    :data:`RELEASE_BATCH_DELAY`; what frees no lease (:meth:`later`) waits
+    :data:`RELEASE_BATCH_DELAY` (:data:`HANDOVER_RELEASE_DELAY` for one a
+    hand-over may take back); what frees no lease (:meth:`later`) waits
     up to :data:`SAMPLE_BATCH_DELAY`. Without *schedule* (``schedule(delay,
     function)``, Scrapy's ``call_later``) each is flushed at once.
     """
@@ -167,19 +174,25 @@ class ReleaseBatch:
         self._due = 0.0
         #: When the oldest thing not sent yet was added (on *clock*).
         self._since: float | None = None
+        #: The shortest delay of the releases waiting.
+        self._delay = SAMPLE_BATCH_DELAY
         self.pending: list[tuple[str, str]] = []
 
-    def add(self, releases: list[tuple[str, str]]) -> None:
-        """Queue *releases*; flush now or arm the timer."""
+    def add(
+        self, releases: list[tuple[str, str]], delay: float = RELEASE_BATCH_DELAY
+    ) -> None:
+        """Queue *releases*; flush now or arm the timer to send them at most
+        *delay* after the oldest thing waiting."""
         self.pending.extend(releases)
-        self._arm(RELEASE_BATCH_DELAY)
+        self._delay = min(self._delay, delay)
+        self._arm(self._delay)
 
     def later(self) -> None:
         """Something that frees no lease waits to be sent: arm the timer for
         :data:`SAMPLE_BATCH_DELAY` after the oldest thing waiting, unless
         releases wait too."""
         if self.pending:
-            self._arm(RELEASE_BATCH_DELAY)
+            self._arm(self._delay)
         else:
             self._arm(SAMPLE_BATCH_DELAY, relax=True)
 
@@ -220,6 +233,7 @@ class ReleaseBatch:
         else:
             releases, self.pending = self.pending, []
         self._since = None
+        self._delay = SAMPLE_BATCH_DELAY
         return releases
 
     def take_token(self, keys: Sequence[str]) -> str | None:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._clock import MONOTONIC_CLOCK
 from ._redis_client import (
+    HANDOVER_RELEASE_DELAY,
     RECONNECT_MIN_DELAY,
     RELEASE_BATCH_DELAY,
     RedisFailure,
@@ -480,7 +481,9 @@ class SharedState(SharedConnection):
 
         With a scheduler, the release goes out with the next check (a freed
         slot is usually taken at once by the next request, in the same
-        round trip), or on its own after :data:`RELEASE_BATCH_DELAY`.
+        round trip), or on its own after :data:`RELEASE_BATCH_DELAY`
+        (:data:`HANDOVER_RELEASE_DELAY` when every scope of the lease is one
+        this process leads alone: the next send may take the lease over).
         """
         self._sends.pop(request, None)
         entry = self._leases.pop(request, None)
@@ -577,8 +580,14 @@ class SharedState(SharedConnection):
     def _free(self, scopes: Sequence[ScopeID], token: str) -> None:
         if not self.sharing:
             return  # it expires with its TTL
+        alone = self.adaptive.alone
         self._releases.add(
-            [(self._key("lease", scope_id), token) for scope_id in scopes]
+            [(self._key("lease", scope_id), token) for scope_id in scopes],
+            (
+                HANDOVER_RELEASE_DELAY
+                if all(scope_id in alone for scope_id in scopes)
+                else RELEASE_BATCH_DELAY
+            ),
         )
 
     def flush_releases(self) -> None:

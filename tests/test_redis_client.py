@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pytest
+
 from scrapy_adaptive_throttle._redis_client import (
+    HANDOVER_RELEASE_DELAY,
     RECONNECT_MAX_DELAY,
     RECONNECT_MIN_DELAY,
     RELEASE_BATCH_DELAY,
@@ -89,6 +92,40 @@ def test_releases_wait_for_one_timer_or_the_next_check() -> None:
     assert batch.take() == [("lease:c", "t3")]
     batch.cancel()
     assert calls[1].cancelled
+
+
+def test_a_release_the_next_send_may_take_over_waits_longer() -> None:
+    calls: list[FakeCall] = []
+
+    def schedule(delay: float, function: Any) -> FakeCall:
+        calls.append(FakeCall(delay, function))
+        return calls[-1]
+
+    now = [0.0]
+    flushed: list[list[tuple[str, str]]] = []
+    batch = ReleaseBatch(
+        lambda: flushed.append(batch.take()), schedule, clock=lambda: now[0]
+    )
+    batch.add([("lease:a", "t1")], HANDOVER_RELEASE_DELAY)
+    assert [call.delay for call in calls] == [HANDOVER_RELEASE_DELAY]
+    # Anything that frees no lease keeps that timer.
+    now[0] = 0.002
+    batch.later()
+    assert len(calls) == 1
+    # A release another process may wait for shortens it, from the oldest.
+    batch.add([("lease:b", "t2")])
+    assert calls[0].cancelled
+    assert calls[1].delay == pytest.approx(RELEASE_BATCH_DELAY - 0.002)
+    now[0] = 0.003
+    batch.later()
+    assert len(calls) == 2
+    calls[1].function()
+    assert flushed == [[("lease:a", "t1"), ("lease:b", "t2")]]
+    # Once everything went out, the next release waits as long as it may.
+    now[0] = 0.01
+    batch.add([("lease:a", "t3")], HANDOVER_RELEASE_DELAY)
+    assert calls[2].delay == HANDOVER_RELEASE_DELAY
+    batch.cancel()
 
 
 def test_the_fallback_keeps_each_process_to_its_share_of_a_limit() -> None:

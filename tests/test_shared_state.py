@@ -443,7 +443,7 @@ class Timers:
     def fire(self) -> None:
         """Fire the batch timers armed now (not the leader's)."""
         for entry in list(self.armed):
-            if entry[0] <= SAMPLE_BATCH_DELAY:
+            if entry[0] <= SAMPLE_BATCH_DELAY + 1e-9:
                 self.armed.remove(entry)
                 entry[1]()
 
