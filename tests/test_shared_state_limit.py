@@ -18,12 +18,16 @@ from scrapy_adaptive_throttle._algorithms import LatencyLimit
 from scrapy_adaptive_throttle._algorithms.concurrency import AdaptiveLimit
 from scrapy_adaptive_throttle._shared_limit import (
     ACTIVE_FOR,
+    FOLLOW_INTERVAL,
+    LEADER_INTERVAL,
     LEADER_TTL,
     SharedAdaptiveLimit,
     share_limit,
 )
 from scrapy_adaptive_throttle._shared_state import RECHECK_INTERVAL, SharedState
-from tests.test_shared_state import make_state
+from scrapy_adaptive_throttle._shared_state_settings import SharedStateSettings
+from tests.fake_clock import FakeClock
+from tests.test_shared_state import Timers, make_state
 
 SCOPE = "host"
 
@@ -315,3 +319,44 @@ def test_a_process_kept_out_by_the_leases_ends_leading_alone(redis_server, prefi
     # The waiting send was drained, and changes nothing in the rule.
     assert [kind for kind, _ in one.fed] == ["w"]
     assert one.own_limit == limit_before
+
+
+def test_a_process_that_only_follows_tries_to_lead_less_often(redis_server, prefix):
+    clock = FakeClock(100.0)
+    timers = Timers()
+    leader = make_state(redis_server, prefix)
+    led = adaptive(leader)  # (kept: the process's limits are weak references)
+    led.active_at = time.monotonic()
+    leader.adaptive.lead()
+    assert leader.adaptive.leading == {SCOPE}
+    config = SharedStateSettings(
+        url=redis_server.url, prefix=prefix, processes=1, lease_ttl=30.0
+    )
+    follower = SharedState(config, clock=clock, schedule=timers)
+    limit = adaptive(follower)
+    limit.active_at = clock()
+    # A new scope: its first try comes soon (the lead may be free).
+    assert [delay for delay, _ in timers.armed] == [LEADER_INTERVAL]
+    timers.armed.pop()[1]()
+    assert follower.adaptive.leading == set()
+    # Led by another process: the next try waits longer.
+    assert [delay for delay, _ in timers.armed] == [FOLLOW_INTERVAL]
+    # A scope new to this process brings the next try forward.
+    other = SharedAdaptiveLimit(
+        LatencyLimit(initial=2, minimum=1, maximum=16),
+        ceiling=16,
+        no_ceiling=16,
+        scope_id="other",
+        scopes=follower.adaptive,
+    )
+    other.active_at = clock()
+    assert [delay for delay, _ in timers.armed] == [LEADER_INTERVAL]
+    timers.armed.pop()[1]()
+    assert follower.adaptive.leading == {"other"}
+    assert [delay for delay, _ in timers.armed] == [LEADER_INTERVAL]
+    # The leader gives the first scope up: the follower takes it over at
+    # its next try, and leads at the leader's pace from then on.
+    leader.close()
+    timers.armed.pop()[1]()
+    assert follower.adaptive.leading == {SCOPE, "other"}
+    follower.close()
