@@ -8,6 +8,8 @@ service, every page's arrivals) what the processes did together:
 * with :setting:`THROTTLING_STATE_URL`, a scope concurrency of 4 holds
   across all processes, and without it each process has its own 4 (the
   control run, which proves the check can fail);
+* a scope delay of 50 ms spaces the sends of all processes together, each
+  having its share of them (and without Redis, each process only its own);
 * a process killed with SIGKILL mid-crawl: the others finish, and once its
   leases expire (``DOWNLOAD_TIMEOUT`` + 5 s) they use the whole limit again;
 * Redis stopped and restarted mid-crawl: every page is fetched once, each
@@ -27,6 +29,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -384,6 +387,64 @@ def crawl_with_one_429(
         assert len(outcome["responses"]) + len(outcome["failures"]) == pages
         outcome["settings"] = config["settings"]
     return outcomes
+
+
+#: The scope delay of the spacing test (s).
+SPACING = 0.05
+
+
+@pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "independent"])
+def test_a_delay_spaces_the_sends_of_every_process(
+    simhosts, redis_server, shared, reactor, tmp_path
+):
+    """A scope delay of 50 ms holds across 3 processes: one send every 50 ms
+    at the host, not three (the control, without THROTTLING_STATE_URL:
+    each process spaces only its own sends). No process waits while the
+    others crawl: each gets about a third of the sends of each part of the
+    crawl (the processes waiting take turns, see ``ACQUIRE_SCRIPT``)."""
+    hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.005})
+    pages = 20
+    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
+    configs = [
+        process_config(
+            hosts,
+            index,
+            pages,
+            redis_url=redis_server.url if shared else None,
+            prefix=prefix,
+            reactor=reactor,
+            THROTTLING_SCOPES={
+                hosts.netloc("A"): {"concurrency": LIMIT, "delay": SPACING, "jitter": 0}
+            },
+        )
+        for index in range(3)
+    ]
+    outcomes = [finish(process) for process in start_together(configs, tmp_path)]
+    for outcome in outcomes:
+        assert_complete(outcome, pages)
+    stats = hosts.stats("A")
+    assert_each_page_once(stats, 3 * pages)
+    arrivals = sorted(
+        (record[0], record[1].split("/")[1]) for record in stats["arrivals"]
+    )
+    gaps = [later - earlier for (earlier, _), (later, _) in pairwise(arrivals)]
+    if not shared:
+        # Three processes, each at its own pace: sends 50 ms apart at most
+        # a third of the time.
+        assert sorted(gaps)[len(gaps) // 2] < 0.6 * SPACING
+        return
+    # One send per delay at the host (a little less: a send reaches the
+    # host a few ms early or late), and no slower than it allows.
+    assert min(gaps) >= 0.6 * SPACING
+    assert sorted(gaps)[len(gaps) // 20] >= 0.9 * SPACING
+    assert sorted(gaps)[len(gaps) // 2] <= 1.5 * SPACING
+    # Every process has its share of each third of the sends.
+    third = len(arrivals) // 3
+    for part in (arrivals[:third], arrivals[third : 2 * third], arrivals[2 * third :]):
+        shares = Counter(process for _, process in part)
+        assert len(shares) == 3, shares
+        assert min(shares.values()) >= len(part) / 6, shares
 
 
 @pytest.mark.parametrize("reactor", ["asyncio", "epoll"])
