@@ -78,6 +78,41 @@ def process_config(
     return {"settings": crawl_settings, "urls": urls, "follow": True}
 
 
+def together(
+    hosts: Any,
+    count: int,
+    pages: int,
+    *,
+    redis_url: str | None,
+    reactor: str,
+    prefix: str | None = None,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """The configs of *count* processes crawling *pages* pages each of
+    their own on host A (:func:`process_config`), under one key *prefix*
+    (a fresh one by default)."""
+    prefix = prefix or f"crawl-{uuid.uuid4().hex[:8]}"
+    return [
+        process_config(
+            hosts,
+            index,
+            pages,
+            redis_url=redis_url,
+            prefix=prefix,
+            reactor=reactor,
+            **settings,
+        )
+        for index in range(count)
+    ]
+
+
+def assert_reactor(outcome: dict[str, Any], reactor: str) -> None:
+    """The crawl ran on *reactor* ("asyncio" or "epoll")."""
+    assert outcome["reactor"].endswith(
+        "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
+    )
+
+
 def start_process(config: dict[str, Any]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.crawl_process", json.dumps(config)],
@@ -170,18 +205,17 @@ def crawl_together(
     crawling *pages* pages of their own on host A (:func:`process_config`,
     with *settings* and per-URL *metas*); every one must answer all its
     pages. Returns their outcomes."""
-    prefix = prefix or f"crawl-{uuid.uuid4().hex[:8]}"
     processes = []
-    for index in range(count):
-        config = process_config(
-            hosts,
-            index,
-            pages,
-            redis_url=redis_url,
-            prefix=prefix,
-            reactor=reactor,
-            **settings,
-        )
+    configs = together(
+        hosts,
+        count,
+        pages,
+        redis_url=redis_url,
+        reactor=reactor,
+        prefix=prefix,
+        **settings,
+    )
+    for config in configs:
         if metas is not None:
             config["metas"] = metas
         processes.append(start_process(config))
@@ -219,9 +253,7 @@ def test_limit_holds_across_processes(simhosts, redis_server, reactor):
         waited = outcome["stats"]["throttling/shared_state/command_seconds"]
         commands = outcome["stats"]["throttling/shared_state/command_count"]
         assert 0 < waited < commands * 1.0
-        assert outcome["reactor"].endswith(
-            "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
-        )
+        assert_reactor(outcome, reactor)
     stats = hosts.stats("A")
     assert_each_page_once(stats, 3 * pages)
     peak = max_in_service([stats])
@@ -364,25 +396,13 @@ def crawl_with_one_429(
     Checks that each ran on *reactor* and had every page answered; returns
     their outcomes, each with the ``settings`` it crawled with."""
     pages = 30
-    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    configs = [
-        process_config(
-            hosts,
-            index,
-            pages,
-            redis_url=redis_url,
-            prefix=prefix,
-            reactor=reactor,
-            **settings,
-        )
-        for index in range(2)
-    ]
+    configs = together(
+        hosts, 2, pages, redis_url=redis_url, reactor=reactor, **settings
+    )
     configs[0]["urls"][3] += "?status=429&header=Retry-After:1"
     outcomes = [finish(process) for process in start_together(configs, directory)]
     for outcome, config in zip(outcomes, configs, strict=True):
-        assert outcome["reactor"].endswith(
-            "EPollReactor" if reactor == "epoll" else "AsyncioSelectorReactor"
-        )
+        assert_reactor(outcome, reactor)
         assert outcome["unanswered"] == []
         assert len(outcome["responses"]) + len(outcome["failures"]) == pages
         outcome["settings"] = config["settings"]
@@ -405,23 +425,19 @@ def test_a_delay_spaces_the_sends_of_every_process(
     crawl (the processes waiting take turns, see ``ACQUIRE_SCRIPT``)."""
     hosts = simhosts({"name": "A", "kind": "unlimited", "service_time": 0.005})
     pages = 20
-    prefix = f"crawl-{uuid.uuid4().hex[:8]}"
-    configs = [
-        process_config(
-            hosts,
-            index,
-            pages,
-            redis_url=redis_server.url if shared else None,
-            prefix=prefix,
-            reactor=reactor,
-            THROTTLING_SCOPES={
-                hosts.netloc("A"): {"concurrency": LIMIT, "delay": SPACING, "jitter": 0}
-            },
-        )
-        for index in range(3)
-    ]
+    configs = together(
+        hosts,
+        3,
+        pages,
+        redis_url=redis_server.url if shared else None,
+        reactor=reactor,
+        THROTTLING_SCOPES={
+            hosts.netloc("A"): {"concurrency": LIMIT, "delay": SPACING, "jitter": 0}
+        },
+    )
     outcomes = [finish(process) for process in start_together(configs, tmp_path)]
     for outcome in outcomes:
+        assert_reactor(outcome, reactor)
         assert_complete(outcome, pages)
     stats = hosts.stats("A")
     assert_each_page_once(stats, 3 * pages)

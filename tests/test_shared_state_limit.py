@@ -47,12 +47,14 @@ class RecordingLimit(SharedAdaptiveLimit):
         super().feed(kind, now, latency, in_flight)
 
 
-def adaptive(state: SharedState, initial: float = 2.0) -> RecordingLimit:
+def adaptive(
+    state: SharedState, initial: float = 2.0, scope_id: str = SCOPE
+) -> RecordingLimit:
     algorithm = LatencyLimit(
         initial=initial, minimum=1, maximum=16, tolerance=1.5, window=30.0
     )
     limit = RecordingLimit(
-        algorithm, ceiling=16, no_ceiling=16, scope_id=SCOPE, scopes=state.adaptive
+        algorithm, ceiling=16, no_ceiling=16, scope_id=scope_id, scopes=state.adaptive
     )
     limit.fed = []
     return limit
@@ -342,13 +344,7 @@ def test_a_process_that_only_follows_tries_to_lead_less_often(redis_server, pref
     # Led by another process: the next try waits longer.
     assert [delay for delay, _ in timers.armed] == [FOLLOW_INTERVAL]
     # A scope new to this process brings the next try forward.
-    other = SharedAdaptiveLimit(
-        LatencyLimit(initial=2, minimum=1, maximum=16),
-        ceiling=16,
-        no_ceiling=16,
-        scope_id="other",
-        scopes=follower.adaptive,
-    )
+    other = adaptive(follower, scope_id="other")
     other.active_at = clock()
     assert [delay for delay, _ in timers.armed] == [LEADER_INTERVAL]
     timers.armed.pop()[1]()
