@@ -367,7 +367,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             key: _json_scalar(value)
             for key, value in stats.items()
             if key.startswith(("throttling/", "retry/", "downloader/response_status"))
-            or key in ("finish_reason", "elapsed_time_seconds")
+            or key
+            in ("finish_reason", "elapsed_time_seconds", "downloader/request_count")
         },
     }
 

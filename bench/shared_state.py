@@ -378,6 +378,48 @@ def crawl_processes(
     }
 
 
+COMMAND_PREFIX = "throttling/shared_state/command_count/"
+
+
+def command_breakdown(result: dict[str, Any]) -> str:
+    """Each process's Redis round trips by purpose (the
+    ``throttling/shared_state/command_count/<purpose>`` stats): a check or
+    release per request the process sent (``downloader/request_count``),
+    the background ones (its leads, their publications) per second of its
+    crawl, so that "one round trip per send and one per release at most"
+    can be read off, apart from the leads' fixed cost per second."""
+    lines = []
+    for index, process in enumerate(result["process_results"]):
+        stats = process["stats"]
+        sent = stats.get("downloader/request_count") or 0
+        seconds = stats.get("elapsed_time_seconds") or 0.0
+        counts = {
+            key[len(COMMAND_PREFIX) :]: value
+            for key, value in stats.items()
+            if key.startswith(COMMAND_PREFIX)
+        }
+        if not counts or not sent:
+            continue
+        total = sum(counts.values())
+        per_request = ", ".join(
+            f"{purpose} {counts[purpose] / sent:.2f}"
+            for purpose in sorted(counts)
+            if purpose not in ("lead", "publish")
+        )
+        background = ", ".join(
+            f"{purpose} {counts[purpose] / seconds:.1f}/s"
+            for purpose in ("lead", "publish")
+            if purpose in counts and seconds
+        )
+        lines.append(
+            f"  process {index}: {sent} requests, {total / sent:.2f} round trips "
+            f"per request; per request: {per_request}; {background} "
+            f"(= {sum(counts.get(p, 0) for p in ('lead', 'publish')) / sent:.2f} "
+            "per request)"
+        )
+    return "\n".join(lines)
+
+
 def middle_rate(ends: list[float], share: float = 0.8) -> float | None:
     """Pages/s over the middle *share* of the answers (sorted end times):
     the rate once the crawl has started and before its tail, where the
@@ -452,6 +494,9 @@ def api(
             f"{'-' if late_429 is None else f'{late_429:.2f}'} | "
             f"{'-' if commands is None else f'{commands:.2f}'} |"
         )
+    breakdown = command_breakdown(traces[0][1])
+    if breakdown:
+        print(f"Redis round trips of each process, shared:\n{breakdown}")
     if trace:
         for name, result in traces:
             print(f"learned pace per process, {name}:\n{pace_trace(result, rate)}")
@@ -675,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.trace:
                     traced.append((name, result))
             for name, result in traced:
+                breakdown = command_breakdown(result)
+                if breakdown:
+                    print(f"Redis round trips of each process, {name}:\n{breakdown}")
                 cpu = sum(
                     r.get("crawl_cpu_seconds") or 0.0 for r in result["process_results"]
                 )

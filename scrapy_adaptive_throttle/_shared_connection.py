@@ -97,13 +97,21 @@ class SharedConnection:
         other processes may still be in theirs (see :meth:`_reconnect`)."""
         return self._clock() < self._settle_until
 
-    def _count_command(self) -> None:
+    def _count_command(self, purpose: str) -> None:
         self.commands += 1
         if self._stats is not None:
             self._stats.inc_value("throttling/shared_state/command_count")
+            self._stats.inc_value(f"throttling/shared_state/command_count/{purpose}")
 
-    def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        self._count_command()
+    def _call(
+        self, script: Any, keys: list[str], args: list[Any], *, purpose: str
+    ) -> Any:
+        """Run *script*: one round trip, counted under *purpose* (the
+        ``throttling/shared_state/command_count/<purpose>`` stat) and timed.
+
+        :raises RedisFailure: when Redis fails (sharing falls back).
+        """
+        self._count_command(purpose)
         started = time.perf_counter()
         try:
             return script(keys=keys, args=args)
@@ -144,7 +152,7 @@ class SharedConnection:
         have lost (it may have restarted empty). Whether sharing resumed."""
         if not self._reconnection.due():
             return False
-        self._count_command()
+        self._count_command("reconnect")
         started = time.perf_counter()
         try:
             self._client.ping()

@@ -414,7 +414,7 @@ class AdaptiveScopes:
             sent.append(value)
             args += (value, f"{limit.baseline:.6f}")
         try:
-            answer = self._connection._call(self._script, keys, args)
+            answer = self._connection._call(self._script, keys, args, purpose="lead")
         except RedisFailure:
             return
         server_now = int(answer[0]) / 1e6
@@ -469,7 +469,7 @@ class AdaptiveScopes:
             )
             args += (limit.own_limit, f"{limit.baseline:.6f}")
         with suppress(RedisFailure):
-            self._connection._call(self._publisher, keys, args)
+            self._connection._call(self._publisher, keys, args, purpose="publish")
         now = self.now()
         for limit in changed:
             limit.release(now)
@@ -490,6 +490,7 @@ class AdaptiveScopes:
                     self._resigner,
                     [self._key("leader", scope_id) for scope_id in leading],
                     [self._id],
+                    purpose="resign",
                 )
 
 

@@ -227,7 +227,7 @@ class SharedPaces:
             1 if learn else 0,
         ]
         try:
-            answer = connection._call(self._refuse, keys, args)
+            answer = connection._call(self._refuse, keys, args, purpose="refuse")
         except RedisFailure:
             return None
         server_time = int(answer[1])
@@ -249,6 +249,7 @@ class SharedPaces:
                 self._publish,
                 [self._key("pace", pace.scope_id)],
                 [published, round(PACE_TTL * 1000)],
+                purpose="pace",
             )
 
 

@@ -332,11 +332,13 @@ class SharedState(SharedConnection):
         keys.append(self._marker)
         args.append(len(self._leases))
         try:
-            status, wait, server_now, *answers = self._call(self._acquire, keys, args)
+            status, wait, server_now, *answers = self._call(
+                self._acquire, keys, args, purpose="check"
+            )
             if status == 2:
                 self._lost_silently()
                 status, wait, server_now, *answers = self._call(
-                    self._acquire, keys, args
+                    self._acquire, keys, args, purpose="check"
                 )
         except RedisFailure:
             return fallback_check(scopes, self.config.processes)
@@ -530,7 +532,7 @@ class SharedState(SharedConnection):
         if not keys:
             return []
         try:
-            opened = self._call(self._refund, keys, args)
+            opened = self._call(self._refund, keys, args, purpose="refund")
         except RedisFailure:
             return []
         sooner = [scope for scope, flag in zip(refunded, opened, strict=True) if flag]
@@ -575,7 +577,12 @@ class SharedState(SharedConnection):
             "" if left is None else repr(left),
         ]
         with suppress(RedisFailure):
-            self._call(self._reconcile, [self._key("quota", scope_id)], args)
+            self._call(
+                self._reconcile,
+                [self._key("quota", scope_id)],
+                args,
+                purpose="reconcile",
+            )
 
     def _free(self, scopes: Sequence[ScopeID], token: str) -> None:
         if not self.sharing:
@@ -608,7 +615,7 @@ class SharedState(SharedConnection):
             args.append(sample)
         self._handover_args(handovers, keys, args)
         with suppress(RedisFailure):
-            self._call(self._release, keys, args)
+            self._call(self._release, keys, args, purpose="release")
 
     def drop_pending(self) -> None:
         """Free the lease of the last check if no request claimed it (e.g. a
@@ -627,7 +634,7 @@ class SharedState(SharedConnection):
             return
         key = self._key("hold", scope_id)
         with suppress(RedisFailure):
-            self._call(self._hold, [key], [round(seconds * 1e6)])
+            self._call(self._hold, [key], [round(seconds * 1e6)], purpose="hold")
 
     def close(self) -> None:
         """Free every lease still held (the crawl ends)."""
@@ -684,7 +691,7 @@ class SharedState(SharedConnection):
             for scope_id in scopes:
                 keys.append(self._key("lease", scope_id))
                 tokens.append(token)
-        self._call(self._adopt, keys, ["", self._ttl, *tokens])
+        self._call(self._adopt, keys, ["", self._ttl, *tokens], purpose="resume")
 
     def _new_token(self) -> str:
         return f"{self._token_prefix}:{next(self._tokens)}"

@@ -189,6 +189,23 @@ def assert_complete(outcome: dict[str, Any], pages: int) -> None:
     assert outcome["finish_reason"] == "finished"
 
 
+#: The purposes of round trips to Redis (see ``SharedConnection._call``).
+PURPOSES = {
+    "check",
+    "release",
+    "refund",
+    "reconcile",
+    "hold",
+    "resume",
+    "lead",
+    "publish",
+    "resign",
+    "refuse",
+    "pace",
+    "reconnect",
+}
+
+
 def crawl_together(
     hosts: Any,
     count: int,
@@ -253,6 +270,19 @@ def test_limit_holds_across_processes(simhosts, redis_server, reactor):
         waited = outcome["stats"]["throttling/shared_state/command_seconds"]
         commands = outcome["stats"]["throttling/shared_state/command_count"]
         assert 0 < waited < commands * 1.0
+        # Each round trip is counted once under its purpose; every send
+        # was admitted by a check or took a lease handed on in this process.
+        prefix = "throttling/shared_state/command_count/"
+        purposes = {
+            key[len(prefix) :]: value
+            for key, value in outcome["stats"].items()
+            if key.startswith(prefix)
+        }
+        assert sum(purposes.values()) == commands
+        handed_on = outcome["stats"].get("throttling/shared_state/handover_count", 0)
+        sent = outcome["stats"]["downloader/request_count"]
+        assert purposes["check"] + handed_on >= sent
+        assert set(purposes) <= PURPOSES
         assert_reactor(outcome, reactor)
     stats = hosts.stats("A")
     assert_each_page_once(stats, 3 * pages)
