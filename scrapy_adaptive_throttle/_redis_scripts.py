@@ -96,7 +96,8 @@ end
 #: interval after the turn before it, so that the processes waiting for
 #: one spaced scope ask again one at a time instead of all at once; a
 #: leased send of such a scope while others hold turns takes this
-#: process's next turn at once.
+#: process's next turn at once; a turn that comes while a paced scope is
+#: still closed moves every turn on by the difference.
 ACQUIRE_SCRIPT = (
     _NOW_PREAMBLE
     + _PUSH_SAMPLES
@@ -182,6 +183,25 @@ for i = 1, scopes do
     else
       local due = mine > 0 and mine <= now
       if gate > 0 or (not due and tail > now) then
+        local pace = tonumber(ARGV[base + 8 * i - 4])
+        if due and pace > 0 and pace >= tonumber(ARGV[base + 8 * i - 6]) then
+          -- This process's turn came while the paced scope was still
+          -- closed: the turns fell behind the pace's schedule (a send
+          -- more than half an interval late restarted it, or a hold came).
+          -- Every turn moves on by the drift, so the next ones come as the
+          -- scope opens again, instead of each asking once too early for
+          -- the rest of the crawl. (A spacing's schedule follows each
+          -- send's own lateness: its turns are left as they are.)
+          local drift = opens - mine
+          local held = redis.call('HGETALL', turns)
+          for j = 1, #held, 2 do
+            if held[j] ~= process then
+              redis.call('HSET', turns, held[j],
+                         string.format('%.0f', tonumber(held[j + 1]) + drift))
+            end
+          end
+          tail = tail + drift
+        end
         if due then
           mine = opens
         elseif mine == 0 or mine < opens then

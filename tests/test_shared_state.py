@@ -177,6 +177,45 @@ def test_processes_waiting_for_a_spaced_scope_take_turns(redis_server, prefix):
     assert 0 < redis_server.client().pttl(keys[0]) <= 3_000
 
 
+def test_turns_catch_up_with_a_pace_a_late_send_restarted(redis_server, prefix):
+    # Four processes take turns at a scope paced 0.1 s. One sends 0.08 s
+    # after its turn (more than half an interval late): the pace's
+    # schedule restarts from that send, later than the turns the others
+    # hold. The next turn to come finds the scope still closed; every turn
+    # then moves on with the schedule, so that only that round asks too
+    # early, not every send for the rest of the crawl.
+    interval = 0.1
+    states = [make_state(redis_server, prefix) for _ in range(4)]
+    for state in states:
+        state.paces.check_args = lambda scope_id: (round(interval * 1e6), "")  # type: ignore[method-assign]
+    due = dict.fromkeys(range(len(states)), time.monotonic())
+    sends = checks = 0
+    early = []
+    while sends < 24:
+        index = min(due, key=due.__getitem__)
+        state = states[index]
+        time.sleep(max(0.0, due[index] - time.monotonic()))
+        if sends == 8:
+            time.sleep(0.08)  # late
+        before = state.commands
+        wait, blocked, request = send(state, "host", None)
+        assert blocked is None
+        checks += state.commands - before
+        if request is None:
+            assert wait > 0
+            if sends > 8 and state.commands > before:
+                early.append(sends)
+        else:
+            sends += 1
+            # Its next turn, taken with the send (no round trip).
+            wait = send(state, "host", None)[0]
+            assert wait > 0
+        due[index] = time.monotonic() + wait
+    # After the late send: one round of the four asks early, then none.
+    assert len(early) <= 4, early
+    assert all(at <= 14 for at in early), early
+
+
 def test_a_process_alone_waits_for_the_next_send_only(redis_server, prefix):
     # Turns order processes that wait together. Alone, a process waits for
     # the scope's next send, whatever spacing a refused check of it drew
